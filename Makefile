@@ -1,0 +1,43 @@
+# Every target sets up its own virtualenv first, so each works on a fresh clone.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+SAMPLES := webhook/samples
+
+.PHONY: setup test lint format typecheck unit run plan clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $@
+
+## test: everything CI runs: lint, format check, type check, the whole pytest suite
+test: lint typecheck unit
+
+lint: setup
+	$(PY) -m ruff check webhook tests
+	$(PY) -m ruff format --check webhook tests
+
+format: setup
+	$(PY) -m ruff format webhook tests
+	$(PY) -m ruff check --fix webhook tests
+
+typecheck: setup
+	$(PY) -m mypy
+
+unit: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+## run: the planner on the shipped samples (the webhook server, `serve`, is the next milestone)
+run: plan
+
+plan: setup
+	$(PY) -m webhook plan -f $(SAMPLES)/torch-100-nodes.trainjob.yaml -f $(SAMPLES)/torch-distributed.runtime.yaml
+	$(PY) -m webhook plan -f $(SAMPLES)/deepspeed-8-nodes.trainjob.yaml -f $(SAMPLES)/deepspeed-distributed.runtime.yaml
+	$(PY) -m webhook plan -f $(SAMPLES)/torch-rack.trainjob.yaml -f $(SAMPLES)/torch-rack.runtime.yaml
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis *.egg-info

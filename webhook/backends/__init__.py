@@ -1,0 +1,1 @@
+"""Gang backends: each renders the same plan into its own scheduler's objects."""

@@ -1,0 +1,143 @@
+"""`python -m webhook <command>`: the service's one entry point."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+import yaml
+
+from .core.trainer import NAMESPACED_RUNTIME_KIND, RUNTIME_KINDS, Runtime, TrainJob
+from .core.validation import Verdict, check_trainjob, parse, runtime_layout
+
+EXIT_INVALID = 1
+EXIT_USAGE = 2
+
+
+class UsageError(Exception):
+    pass
+
+
+def _load(paths: Sequence[str]) -> list[dict[str, Any]]:
+    docs: list[dict[str, Any]] = []
+    for path in paths:
+        try:
+            with open(path, encoding="utf-8") if path != "-" else sys.stdin as handle:
+                found = [d for d in yaml.safe_load_all(handle) if d is not None]
+        except OSError as exc:
+            raise UsageError(f"cannot read {path}: {exc.strerror}") from exc
+        except yaml.YAMLError as exc:
+            raise UsageError(f"{path} is not valid YAML: {exc}") from exc
+        for doc in found:
+            if not isinstance(doc, dict) or not isinstance(doc.get("kind"), str):
+                raise UsageError(f"{path}: every document must be a Kubernetes object with a kind")
+            docs.append(doc)
+    return docs
+
+
+def _name(doc: dict[str, Any]) -> str:
+    meta = doc.get("metadata")
+    return str(meta.get("name", "")) if isinstance(meta, dict) else ""
+
+
+def _report(kind: str, name: str, verdict: Verdict, err: TextIO) -> bool:
+    for warning in verdict.warnings:
+        print(f"Warning: {warning}", file=err)
+    if verdict.errors:
+        print(f'error: {kind} "{name}" is invalid:', file=err)
+        for error in verdict.errors:
+            print(f"  * {error}", file=err)
+    return verdict.allowed
+
+
+def _find_runtime(runtimes: dict[tuple[str, str, str], Runtime], tj: TrainJob) -> Runtime | None:
+    ns = tj.namespace if tj.runtime_kind == NAMESPACED_RUNTIME_KIND else ""
+    return runtimes.get((tj.runtime_kind, ns, tj.spec.runtime_ref.name or ""))
+
+
+def plan_command(paths: Sequence[str], out: TextIO, err: TextIO) -> int:
+    """Prints the objects each TrainJob in the files would get; field errors exit non-zero."""
+    from .backends.native import NativeBackend  # the Kubernetes client is slow to import
+
+    docs = _load(paths)
+    ok = True
+    runtimes: dict[tuple[str, str, str], Runtime] = {}
+    for doc in docs:
+        if doc["kind"] not in RUNTIME_KINDS:
+            continue
+        runtime, errs = parse(Runtime, doc)
+        verdict = Verdict(tuple(errs)) if runtime is None else runtime_layout(runtime)[1]
+        ok = _report(doc["kind"], _name(doc), verdict, err) and ok
+        if runtime is not None:  # kept when invalid, so its TrainJobs say why
+            namespaced = doc["kind"] == NAMESPACED_RUNTIME_KIND
+            ns = (runtime.metadata.namespace or "default") if namespaced else ""
+            runtimes[(doc["kind"], ns, runtime.metadata.name or "")] = runtime
+
+    trainjobs = [d for d in docs if d["kind"] == "TrainJob"]
+    unknown = {d["kind"] for d in docs} - {"TrainJob", *RUNTIME_KINDS}
+    if unknown:
+        raise UsageError(f"unexpected kinds {sorted(unknown)}: give TrainJobs and runtimes")
+    from .core.plan import build_plan
+
+    rendered: list[dict[str, Any]] = []
+    for doc in trainjobs:
+        trainjob, errs = parse(TrainJob, doc)
+        if trainjob is None:
+            ok = _report("TrainJob", _name(doc), Verdict(tuple(errs)), err) and False
+            continue
+        runtime = _find_runtime(runtimes, trainjob)
+        verdict = check_trainjob(trainjob, runtime)
+        # Runtime warnings were printed with the runtime already.
+        if not _report("TrainJob", _name(doc), Verdict(verdict.errors), err):
+            ok = False
+            continue
+        assert runtime is not None
+        plan = build_plan(trainjob, runtime)
+        if plan is None:
+            print(
+                f"Note: TrainJob {_name(doc)!r}: its runtime has no spec.scheduling, so it gets "
+                "no Workload and no PodGroups",
+                file=err,
+            )
+            continue
+        rendered += NativeBackend().render(plan)
+    if rendered:
+        out.write(yaml.safe_dump_all(rendered, sort_keys=False))
+    return 0 if ok else EXIT_INVALID
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m webhook",
+        description="Workload-aware scheduling for Kubeflow TrainJobs.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    plan = commands.add_parser(
+        "plan",
+        help="print the Workload and PodGroups a TrainJob would get",
+        description="Print, as YAML, the Workload and PodGroups each TrainJob in the files would "
+        "get from its runtime (also in the files); warnings and field errors go to stderr.",
+    )
+    plan.add_argument(
+        "-f",
+        "--filename",
+        dest="files",
+        action="append",
+        required=True,
+        metavar="FILE",
+        help="YAML file with TrainJobs and (Cluster)TrainingRuntimes; repeatable; - for stdin",
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "plan":
+            return plan_command(args.files, sys.stdout, sys.stderr)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    return EXIT_USAGE

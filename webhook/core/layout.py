@@ -1,0 +1,397 @@
+"""Which pods of a runtime's TrainJobs form which scheduling group, and why.
+
+The layout depends on the runtime alone (not on a TrainJob), so runtime admission can check it once
+and the planner can reuse it for every TrainJob. It also gathers the structural errors that make a
+layout impossible; validation reports them and the planner refuses to plan around them, so the two
+can never disagree.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from . import errors as fe
+from .errors import FieldError, Path
+from .graph import IN_ORDER, Ordering, build_edges, find_cycle, ordering
+from .trainer import (
+    GROUP_SETTING_FIELDS,
+    GroupSettings,
+    ReplicatedJob,
+    ReplicatedJobEntry,
+    Runtime,
+    Scheduling,
+)
+
+MAX_TEMPLATES = 8  # WorkloadMaxPodGroupTemplates
+MAX_TARGETS = 8
+MAX_ENTRIES = 8
+
+SCHEDULING = Path("spec", "scheduling")
+REPLICATED_JOBS = Path("spec", "template", "spec", "replicatedJobs")
+
+
+class Level(enum.Enum):
+    TRAINJOB = 1
+    REPLICATED_JOB = 2
+    JOB = 3
+    SPLIT = 4  # level 1 split per ReplicatedJob by a Complete dependency
+
+
+@dataclass(frozen=True)
+class Claim:
+    name: str
+    resource_claim_name: str | None
+    resource_claim_template_name: str | None
+
+
+@dataclass(frozen=True)
+class GroupLayout:
+    level: Level
+    targets: tuple[str, ...]
+    job_index: int | None
+    """Level 3: the one Job (replica) of the single target this group holds."""
+    policy: str
+    """"gang" or "basic"."""
+    topology_key: str | None
+    disruption_mode: str | None
+    resource_claims: tuple[Claim, ...]
+    priority_class_name: str | None
+    deferred: tuple[str, ...] = ()
+    """Targets whose pods appear only after the gang is admitted (Ready dependents)."""
+
+    @property
+    def counted(self) -> tuple[str, ...]:
+        return tuple(t for t in self.targets if t not in self.deferred)
+
+
+@dataclass(frozen=True)
+class Layout:
+    groups: tuple[GroupLayout, ...]
+    untargeted: tuple[str, ...]
+    warnings: tuple[str, ...]
+    errors: tuple[FieldError, ...]
+
+
+def policy_kind(settings: GroupSettings) -> str:
+    sp = settings.scheduling_policy
+    return "basic" if sp is not None and sp.basic is not None and sp.gang is None else "gang"
+
+
+def _settings_fields(settings: GroupSettings) -> dict[str, object]:
+    claims = tuple(
+        Claim(c.name or "", c.resource_claim_name, c.resource_claim_template_name)
+        for c in settings.resource_claims or []
+    )
+    topology = settings.scheduling_constraints.topology if settings.scheduling_constraints else None
+    dm = settings.disruption_mode
+    disruption = None
+    if dm is not None:
+        disruption = "all" if dm.all is not None else "single" if dm.single is not None else None
+    return {
+        "policy": policy_kind(settings),
+        "topology_key": topology[0].key if topology else None,
+        "disruption_mode": disruption,
+        "resource_claims": claims,
+    }
+
+
+def set_group_fields(settings: GroupSettings) -> list[str]:
+    """The JSON names of the group fields an object sets."""
+    return [f for f in GROUP_SETTING_FIELDS if getattr(settings, _snake(f)) is not None]
+
+
+def _snake(name: str) -> str:
+    return "".join(f"_{c.lower()}" if c.isupper() else c for c in name)
+
+
+@dataclass
+class _Builder:
+    runtime: Runtime
+    rjs: dict[str, ReplicatedJob]
+    order: Ordering
+    groups: list[GroupLayout] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    errors: list[FieldError] = field(default_factory=list)
+
+    def group(
+        self,
+        level: Level,
+        targets: tuple[str, ...],
+        settings: GroupSettings,
+        where: Path,
+        job_index: int | None = None,
+    ) -> None:
+        fields = _settings_fields(settings)
+        deferred: tuple[str, ...] = ()
+        if fields["policy"] == "gang" and len(targets) > 1:
+            members = set(targets)
+            deferred = tuple(t for t in targets if self.order.ancestors[t] & members)
+            for t in deferred:
+                if self.order.complete_before[t] & members:
+                    continue  # rejected as a deadlock instead (_reject_complete_inside)
+                waits = sorted(self.order.ancestors[t] & members)
+                self.warnings.append(
+                    f'scheduling: "{t}" starts after {_names(waits)}, so its pods join the gang '
+                    "after admission and are not in minCount"
+                )
+        self.groups.append(
+            GroupLayout(
+                level=level,
+                targets=targets,
+                job_index=job_index,
+                priority_class_name=self._common_pod_field(targets, where),
+                deferred=deferred,
+                **fields,  # type: ignore[arg-type]
+            )
+        )
+
+    def _common_pod_field(self, targets: tuple[str, ...], where: Path) -> str | None:
+        """Pods of one PodGroup must share scheduler and priority; return that priority class."""
+        classes = {t: self.rjs[t].pod_spec.priority_class_name for t in targets}
+        schedulers = {
+            t: self.rjs[t].pod_spec.scheduler_name or "default-scheduler" for t in targets
+        }
+        for what, values in (("priorityClassName", classes), ("schedulerName", schedulers)):
+            if len(set(values.values())) > 1:
+                shown = ", ".join(f"{t}={v or '(unset)'}" for t, v in values.items())
+                self.errors.append(
+                    fe.invalid(
+                        where,
+                        list(targets),
+                        f"pods of one PodGroup must share one {what}, but the pod templates "
+                        f"differ ({shown}); give them the same {what} or put them in "
+                        "separate replicatedJobs entries",
+                    )
+                )
+        return next(iter(classes.values()), None)
+
+
+def _names(names: list[str]) -> str:
+    return ", ".join(f'"{n}"' for n in names)
+
+
+def resolve_layout(runtime: Runtime) -> Layout | None:
+    """The groups of a runtime with `spec.scheduling`, or None when it has none."""
+    scheduling = runtime.spec.scheduling
+    if scheduling is None:
+        return None
+    rj_list = runtime.replicated_jobs
+    rjs = {rj.name: rj for rj in rj_list}
+    startup = runtime.spec.template.spec.startup_policy
+    edges = build_edges(
+        rj_list, in_order=bool(startup and startup.startup_policy_order == IN_ORDER)
+    )
+    b = _Builder(runtime, rjs, ordering(edges))
+    _check_dependencies(rj_list, b)
+    if not rj_list:
+        b.errors.append(
+            fe.required(
+                REPLICATED_JOBS,
+                "spec.scheduling needs at least one ReplicatedJob in the template to schedule",
+            )
+        )
+
+    untargeted: tuple[str, ...] = ()
+    if scheduling.replicated_jobs is None:
+        _level_one(scheduling, rj_list, b)
+    else:
+        untargeted = _entries(scheduling, rj_list, b)
+
+    count = len(b.groups)
+    if count > MAX_TEMPLATES:
+        where = SCHEDULING.child("replicatedJobs") if scheduling.replicated_jobs else SCHEDULING
+        b.errors.append(
+            fe.too_many(
+                where,
+                count,
+                MAX_TEMPLATES,
+                f"this runtime resolves to {count} PodGroup templates (a level-3 entry makes one "
+                "per replica) and a Workload holds at most 8; target fewer replicas per entry",
+            )
+        )
+    return Layout(tuple(b.groups), untargeted, tuple(b.warnings), tuple(b.errors))
+
+
+def _check_dependencies(rj_list: list[ReplicatedJob], b: _Builder) -> None:
+    for i, rj in enumerate(rj_list):
+        for j, dep in enumerate(rj.depends_on or []):
+            if dep.name not in b.rjs:
+                b.errors.append(
+                    fe.not_found(
+                        REPLICATED_JOBS.index(i).child("dependsOn").index(j).child("name"),
+                        dep.name,
+                        "dependsOn must name a ReplicatedJob of this template",
+                    )
+                )
+    cycle = find_cycle(build_edges(rj_list, in_order=False))
+    if cycle:
+        i = next(k for k, rj in enumerate(rj_list) if rj.name == cycle[0])
+        b.errors.append(
+            fe.invalid(
+                REPLICATED_JOBS.index(i).child("dependsOn"),
+                cycle,
+                "dependsOn forms a cycle, so none of these Jobs could ever start; remove one edge",
+            )
+        )
+
+
+def _level_one(scheduling: GroupSettings, rj_list: list[ReplicatedJob], b: _Builder) -> None:
+    names = tuple(rj.name for rj in rj_list)
+    splitters = [
+        (rj.name, sorted(b.order.complete_before[rj.name]))
+        for rj in rj_list
+        if b.order.complete_before[rj.name]
+    ]
+    if policy_kind(scheduling) == "gang" and splitters:
+        who, waits = splitters[0]
+        b.warnings.append(
+            f'scheduling: "{who}" waits for {_names(waits)} to Complete, so the TrainJob '
+            "gang is split into one gang per ReplicatedJob"
+        )
+        if scheduling.resource_claims:
+            b.errors.append(
+                fe.forbidden(
+                    SCHEDULING.child("resourceClaims"),
+                    f'"{who}" waits for {_names(waits)} to Complete, so this runtime gets one '
+                    "gang per ReplicatedJob and a TrainJob-wide claim cannot be shared by "
+                    "them; move the claims into spec.scheduling.replicatedJobs entries",
+                )
+            )
+        for name in names:
+            b.group(Level.SPLIT, (name,), scheduling, SCHEDULING)
+        return
+    if names:
+        b.group(Level.TRAINJOB, names, scheduling, SCHEDULING)
+
+
+def _entries(scheduling: Scheduling, rj_list: list[ReplicatedJob], b: _Builder) -> tuple[str, ...]:
+    entries_path = SCHEDULING.child("replicatedJobs")
+    entries = scheduling.replicated_jobs or []
+    for f in set_group_fields(scheduling):
+        b.errors.append(
+            fe.forbidden(
+                SCHEDULING.child(f),
+                "TrainJob-level fields and replicatedJobs are mutually exclusive; move it into "
+                "the replicatedJobs entries or remove replicatedJobs",
+            )
+        )
+    if not entries:
+        b.errors.append(
+            fe.required(
+                entries_path,
+                "replicatedJobs needs at least one entry; remove it to schedule the whole "
+                "TrainJob as one group",
+            )
+        )
+    if len(entries) > MAX_ENTRIES:
+        b.errors.append(fe.too_many(entries_path, len(entries), MAX_ENTRIES))
+
+    targeted: dict[str, int] = {}
+    group_names: dict[str, int] = {}
+    for i, entry in enumerate(entries):
+        where = entries_path.index(i)
+        tpath = where.child("targetReplicatedJobs")
+        raw_targets = entry.target_replicated_jobs or []
+        if not raw_targets:
+            b.errors.append(
+                fe.required(tpath, "name the ReplicatedJobs this entry schedules as one group")
+            )
+            continue
+        if len(raw_targets) > MAX_TARGETS:
+            b.errors.append(fe.too_many(tpath, len(raw_targets), MAX_TARGETS))
+        targets: list[str] = []
+        for j, name in enumerate(raw_targets):
+            if name in targets:
+                b.errors.append(
+                    fe.duplicate(tpath.index(j), name, "list each ReplicatedJob once per entry")
+                )
+            elif name not in b.rjs:
+                known = ", ".join(rj.name for rj in rj_list) or "none"
+                b.errors.append(
+                    fe.invalid(
+                        tpath.index(j),
+                        name,
+                        f"no ReplicatedJob of that name in spec.template (it has: {known}); "
+                        "fix the name",
+                    )
+                )
+            elif name in targeted:
+                b.errors.append(
+                    fe.duplicate(
+                        tpath.index(j),
+                        name,
+                        "a ReplicatedJob must not be targeted by more than one replicatedJobs "
+                        f"entry (entry {targeted[name]} already targets it); remove it from "
+                        "one of them",
+                    )
+                )
+            else:
+                targeted[name] = i
+                targets.append(name)
+        if entry.job is not None:
+            _job_entry(entry, i, raw_targets, targets, b)
+            continue
+        group = "-".join(raw_targets)
+        if group in group_names:
+            b.errors.append(
+                fe.duplicate(
+                    tpath,
+                    raw_targets,
+                    f"entry {group_names[group]} already yields the group name "
+                    f'"{group}" (targets joined by "-"); rename a ReplicatedJob',
+                )
+            )
+        group_names[group] = i
+        if not targets:
+            continue
+        if policy_kind(entry) == "gang":
+            _reject_complete_inside(targets, tpath, b)
+        b.group(Level.REPLICATED_JOB, tuple(targets), entry, tpath)
+
+    return tuple(rj.name for rj in rj_list if rj.name not in targeted)
+
+
+def _reject_complete_inside(targets: list[str], tpath: Path, b: _Builder) -> None:
+    members = set(targets)
+    for t in targets:
+        waits = sorted(b.order.complete_before[t] & members)
+        if waits:
+            b.errors.append(
+                fe.invalid(
+                    tpath,
+                    targets,
+                    f'"{t}" starts only after {_names(waits)} is Complete, so their pods never '
+                    "run together and one gang would wait forever; give "
+                    f"{_names(waits)} its own replicatedJobs entry (typically basic)",
+                )
+            )
+
+
+def _job_entry(
+    entry: ReplicatedJobEntry, i: int, raw: list[str], targets: list[str], b: _Builder
+) -> None:
+    where = SCHEDULING.child("replicatedJobs").index(i)
+    for f in set_group_fields(entry):
+        b.errors.append(
+            fe.forbidden(
+                where.child(f),
+                "an entry with job configures each Job there; move this field under job",
+            )
+        )
+    if len(raw) != 1:
+        b.errors.append(
+            fe.invalid(
+                where.child("targetReplicatedJobs"),
+                raw,
+                "an entry with job must target exactly one ReplicatedJob; split it into one "
+                "entry per ReplicatedJob",
+            )
+        )
+        return
+    if not targets:
+        return
+    assert entry.job is not None
+    rj = b.rjs[targets[0]]
+    for index in range(rj.replica_count):
+        b.group(Level.JOB, (rj.name,), entry.job, where.child("targetReplicatedJobs"), index)

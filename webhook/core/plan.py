@@ -1,0 +1,155 @@
+"""The scheduling plan of one TrainJob: its gangs, their policies, sizes, names and members.
+
+The plan is the single description every other part of the service works from: the pod webhook
+reads a pod's PodGroup name from it, the reconciler and the `plan` command render it into objects.
+Pure: no I/O, no clock, no globals.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from . import naming
+from .errors import FieldError
+from .layout import Claim, GroupLayout, Level
+from .podcounts import group_size
+from .trainer import Runtime, TrainJob
+from .validation import check_trainjob, runtime_layout
+
+JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
+REPLICATED_JOB_NAME = "jobset.sigs.k8s.io/replicatedjob-name"
+JOB_INDEX = "jobset.sigs.k8s.io/job-index"
+
+
+class PlanningError(ValueError):
+    """The inputs do not validate; `errors` says why (validation would have said the same)."""
+
+    def __init__(self, errors: tuple[FieldError, ...]) -> None:
+        super().__init__("; ".join(str(e) for e in errors))
+        self.errors = errors
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    """One PodGroupTemplate of the Workload and the PodGroup made from it."""
+
+    template_name: str
+    pod_group_name: str
+    level: Level
+    replicated_jobs: tuple[str, ...]
+    job_index: int | None
+    """Level 3: only the pods of this Job (replica) belong to the group."""
+    policy: str
+    min_count: int | None
+    """Gang only: pods kube-scheduler waits for before admitting the group."""
+    pod_count: int
+    topology_key: str | None
+    disruption_mode: str | None
+    resource_claims: tuple[Claim, ...]
+    priority_class_name: str | None
+    joins_later: tuple[str, ...]
+    """ReplicatedJobs whose pods join after admission (Ready dependents), outside minCount."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    namespace: str
+    trainjob_name: str
+    trainjob_uid: str | None
+    workload_name: str
+    groups: tuple[GroupPlan, ...]
+    untargeted: tuple[str, ...]
+    """ReplicatedJobs that get default scheduling (no group)."""
+    warnings: tuple[str, ...]
+    _members: dict[tuple[str, int | None], str] = field(
+        init=False, repr=False, compare=False, hash=False
+    )
+
+    def __post_init__(self) -> None:
+        members: dict[tuple[str, int | None], str] = {}
+        for g in self.groups:
+            for rj in g.replicated_jobs:
+                members[(rj, g.job_index)] = g.pod_group_name
+        object.__setattr__(self, "_members", members)
+
+    def pod_group_for(self, replicated_job: str, job_index: int) -> str | None:
+        """The PodGroup of the pods of Job `job_index` of a ReplicatedJob; None if untargeted."""
+        return self._members.get((replicated_job, None)) or self._members.get(
+            (replicated_job, job_index)
+        )
+
+
+def pod_group_for_labels(plan: Plan, labels: Mapping[str, str]) -> str | None:
+    """A pod's PodGroup from the labels JobSet puts on every pod, or None if not this plan's."""
+    if labels.get(JOBSET_NAME) != plan.trainjob_name:
+        return None
+    rj = labels.get(REPLICATED_JOB_NAME)
+    index = labels.get(JOB_INDEX, "")
+    if rj is None or not index.isdigit():
+        return None
+    return plan.pod_group_for(rj, int(index))
+
+
+def build_plan(trainjob: TrainJob, runtime: Runtime) -> Plan | None:
+    """The plan of a TrainJob under its runtime; None when the runtime has no spec.scheduling.
+
+    Raises PlanningError exactly when validation rejects the runtime or the TrainJob.
+    """
+    layout, verdict = checked = runtime_layout(runtime)
+    if layout is None:
+        return None
+    if not verdict.allowed:
+        raise PlanningError(verdict.errors)
+    tj_verdict = check_trainjob(trainjob, runtime, checked=checked)
+    if not tj_verdict.allowed:
+        raise PlanningError(tj_verdict.errors)
+
+    ns = trainjob.namespace
+    tj = trainjob.metadata.name or ""
+    workload = naming.workload_name(ns, tj)
+    groups = tuple(
+        _group_plan(g, runtime, trainjob.num_nodes, ns, tj, workload) for g in layout.groups
+    )
+    untargeted = tuple(layout.untargeted)
+    warnings = verdict.warnings
+    return Plan(ns, tj, trainjob.metadata.uid, workload, groups, untargeted, warnings)
+
+
+def _template_name(group: GroupLayout, ns: str, tj: str, workload: str) -> str:
+    if group.level is Level.TRAINJOB:
+        return workload
+    if group.level is Level.SPLIT:
+        return naming.split_template_name(ns, tj, group.targets[0])
+    if group.level is Level.JOB:
+        assert group.job_index is not None
+        return naming.job_template_name(ns, tj, group.targets[0], group.job_index)
+    return naming.group_template_name(ns, tj, group.targets)
+
+
+def _group_plan(
+    group: GroupLayout,
+    runtime: Runtime,
+    num_nodes: int | None,
+    ns: str,
+    tj: str,
+    workload: str,
+) -> GroupPlan:
+    template = _template_name(group, ns, tj, workload)
+    pod_group = template if group.level is Level.TRAINJOB else naming.pod_group_name(tj, template)
+    size = group_size(group, runtime, num_nodes)
+    return GroupPlan(
+        template_name=template,
+        pod_group_name=pod_group,
+        level=group.level,
+        replicated_jobs=group.targets,
+        job_index=group.job_index,
+        policy=group.policy,
+        min_count=size.min_count if group.policy == "gang" else None,
+        pod_count=size.pods,
+        topology_key=group.topology_key,
+        disruption_mode=group.disruption_mode,
+        resource_claims=group.resource_claims,
+        priority_class_name=group.priority_class_name,
+        joins_later=group.deferred,
+    )

@@ -1,0 +1,400 @@
+"""Validation of runtimes and TrainJobs into field errors and warnings (pure: no I/O).
+
+Every message says what is wrong and what to do about it: admins read them at `kubectl apply`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import pydantic
+
+from . import errors as fe
+from .errors import FieldError, Path
+from .layout import REPLICATED_JOBS, SCHEDULING, Layout, resolve_layout
+from .naming import is_dns_label
+from .podcounts import group_size, uses_num_nodes
+from .trainer import CLUSTER_RUNTIME_KIND, GroupSettings, Model, Runtime, Scheduling, TrainJob
+
+MAX_CLAIMS = 4  # MaxPodGroupResourceClaims
+MAX_TOPOLOGY = 1
+MAX_RJ_NAME = 20  # Trainer v2.4 (#4391)
+MINCOUNT_FORBIDDEN = "gang.minCount is computed from numNodes and must not be set"
+OWNED = "must not be set, it is owned by the TrainJob controller"
+
+_QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+M = TypeVar("M", bound=Model)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    errors: tuple[FieldError, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def allowed(self) -> bool:
+        return not self.errors
+
+
+# --- parsing -----------------------------------------------------------------------------------
+
+
+def parse(model: type[M], raw: Mapping[str, Any]) -> tuple[M | None, list[FieldError]]:
+    """The typed object, or the field errors that stop it from being one."""
+    try:
+        return model.model_validate(raw), []
+    except pydantic.ValidationError as exc:
+        found = []
+        for err in exc.errors():
+            path = Path()
+            for part in err["loc"]:
+                path = path.index(part) if isinstance(part, int) else path.child(str(part))
+            value = err.get("input")
+            shown = value if isinstance(value, str | int | float | bool) or value is None else None
+            found.append(fe.invalid(path, shown, err["msg"].lower()))
+        return None, found
+
+
+# --- field checks ------------------------------------------------------------------------------
+
+
+def is_dns_subdomain(value: str) -> bool:
+    return len(value) <= 253 and bool(_DNS_SUBDOMAIN.match(value))
+
+
+def is_label_key(value: str) -> bool:
+    """Kubernetes' IsQualifiedName: optional DNS-subdomain prefix, then a 63-character name."""
+    prefix, _, name = value.rpartition("/")
+    if "/" in value and not (prefix and is_dns_subdomain(prefix)):
+        return False
+    return len(name) <= 63 and bool(_QUALIFIED_NAME.match(name))
+
+
+def check_group_settings(settings: GroupSettings, where: Path) -> list[FieldError]:
+    """The type rules of the four group fields, the same at every level."""
+    errs: list[FieldError] = []
+    policy = settings.scheduling_policy
+    if policy is not None:
+        ppath = where.child("schedulingPolicy")
+        chosen = [k for k in ("basic", "gang") if getattr(policy, k) is not None]
+        if len(chosen) != 1:
+            errs.append(
+                fe.invalid(
+                    ppath,
+                    policy.dump(),
+                    "set exactly one of basic: {} (pod by pod) or gang: {} (all or nothing)",
+                )
+            )
+        if policy.gang is not None and policy.gang.min_count is not None:
+            errs.append(
+                fe.forbidden(ppath.child("gang", "minCount"), f"{MINCOUNT_FORBIDDEN}; remove it")
+            )
+    constraints = settings.scheduling_constraints
+    topology = constraints.topology if constraints else None
+    if topology:
+        tpath = where.child("schedulingConstraints", "topology")
+        if len(topology) > MAX_TOPOLOGY:
+            errs.append(
+                fe.too_many(tpath, len(topology), MAX_TOPOLOGY, "keep one topology key per group")
+            )
+        for i, item in enumerate(topology):
+            if not item.key:
+                errs.append(
+                    fe.required(
+                        tpath.index(i).child("key"),
+                        "name a node label key such as topology.kubernetes.io/zone",
+                    )
+                )
+            elif not is_label_key(item.key):
+                errs.append(
+                    fe.invalid(
+                        tpath.index(i).child("key"),
+                        item.key,
+                        "must be a node label key (optional DNS prefix, '/', then at most 63 "
+                        "alphanumerics, '-', '_' or '.'), e.g. topology.kubernetes.io/zone",
+                    )
+                )
+    mode = settings.disruption_mode
+    if mode is not None and (mode.single is None) == (mode.all is None):
+        errs.append(
+            fe.invalid(
+                where.child("disruptionMode"),
+                mode.dump(),
+                "set exactly one of single: {} (pods disrupted one by one) or all: {} "
+                "(the group is disrupted together)",
+            )
+        )
+    errs.extend(_check_claims(settings, where.child("resourceClaims")))
+    return errs
+
+
+def _check_claims(settings: GroupSettings, cpath: Path) -> list[FieldError]:
+    errs: list[FieldError] = []
+    claims = settings.resource_claims or []
+    if len(claims) > MAX_CLAIMS:
+        errs.append(
+            fe.too_many(cpath, len(claims), MAX_CLAIMS, "a PodGroup shares at most 4 claims")
+        )
+    seen: set[str] = set()
+    for i, claim in enumerate(claims):
+        ipath = cpath.index(i)
+        if not claim.name:
+            errs.append(fe.required(ipath.child("name"), "name the claim (a DNS label)"))
+        elif not is_dns_label(claim.name):
+            errs.append(
+                fe.invalid(
+                    ipath.child("name"),
+                    claim.name,
+                    "must be a DNS label: lower-case alphanumerics and '-', at most 63",
+                )
+            )
+        elif claim.name in seen:
+            errs.append(fe.duplicate(ipath.child("name"), claim.name, "claim names must be unique"))
+        seen.add(claim.name or "")
+        sources = [
+            (k, v)
+            for k, v in (
+                ("resourceClaimName", claim.resource_claim_name),
+                ("resourceClaimTemplateName", claim.resource_claim_template_name),
+            )
+            if v is not None
+        ]
+        if len(sources) != 1:
+            errs.append(
+                fe.invalid(
+                    ipath,
+                    claim.dump(),
+                    "set exactly one of resourceClaimName or resourceClaimTemplateName",
+                )
+            )
+        for key, value in sources:
+            if not is_dns_subdomain(value):
+                errs.append(
+                    fe.invalid(
+                        ipath.child(key), value, "must be a DNS subdomain (lower-case, '-', '.')"
+                    )
+                )
+    return errs
+
+
+def _unknown_fields(model: Model, where: Path) -> list[str]:
+    """Warnings for fields of spec.scheduling the service does not know (typos or newer APIs)."""
+    found = [f"{where.child(k)}: unknown field, ignored" for k in (model.model_extra or {})]
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        alias = type(model).model_fields[name].alias or name
+        if isinstance(value, Model):
+            found += _unknown_fields(value, where.child(alias))
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                if isinstance(item, Model):
+                    found += _unknown_fields(item, where.child(alias).index(i))
+    return found
+
+
+# --- runtimes ----------------------------------------------------------------------------------
+
+
+def runtime_layout(runtime: Runtime, old: Runtime | None = None) -> tuple[Layout | None, Verdict]:
+    """All rules for a parsed runtime, with the layout they were checked against."""
+    errs: list[FieldError] = []
+    warnings: list[str] = []
+    template_changed = old is None or old.spec.template.dump() != runtime.spec.template.dump()
+    seen: set[str] = set()
+    for i, rj in enumerate(runtime.replicated_jobs):
+        npath = REPLICATED_JOBS.index(i).child("name")
+        if rj.name in seen:
+            errs.append(fe.duplicate(npath, rj.name, "ReplicatedJob names must be unique"))
+        seen.add(rj.name)
+        if template_changed and len(rj.name) > MAX_RJ_NAME:
+            errs.append(
+                fe.too_long(npath, MAX_RJ_NAME, "Trainer v2.4 caps ReplicatedJob names; shorten it")
+            )
+        elif not is_dns_label(rj.name):
+            errs.append(
+                fe.invalid(npath, rj.name, "must be a DNS label: lower-case alphanumerics and '-'")
+            )
+
+    scheduling = runtime.spec.scheduling
+    if scheduling is None:
+        return None, Verdict(tuple(errs))
+
+    if runtime.spec.pod_group_policy is not None:
+        errs.append(
+            fe.forbidden(
+                SCHEDULING,
+                "scheduling and podGroupPolicy are mutually exclusive; remove podGroupPolicy "
+                "(coscheduling/volcano) or remove scheduling",
+            )
+        )
+    errs += _check_levels(scheduling)
+    errs += _owned_fields(runtime)
+    layout = resolve_layout(runtime)
+    assert layout is not None
+    errs += layout.errors
+    errs += _empty_gangs(runtime, layout)
+    warnings += layout.warnings
+    warnings += [
+        f'scheduling: replicatedJob "{name}" is not targeted; it gets default scheduling'
+        for name in layout.untargeted
+    ]
+    warnings += _unknown_fields(scheduling, SCHEDULING)
+    return layout, Verdict(tuple(errs), tuple(warnings))
+
+
+def _check_levels(scheduling: Scheduling) -> list[FieldError]:
+    errs = check_group_settings(scheduling, SCHEDULING)
+    for i, entry in enumerate(scheduling.replicated_jobs or []):
+        where = SCHEDULING.child("replicatedJobs").index(i)
+        errs += check_group_settings(entry, where)
+        if entry.job is not None:
+            errs += check_group_settings(entry.job, where.child("job"))
+    return errs
+
+
+def _owned_fields(runtime: Runtime) -> list[FieldError]:
+    """Rule 8(h): with spec.scheduling the service owns every other scheduling field."""
+    errs: list[FieldError] = []
+    jobset = runtime.spec.template.spec
+    if jobset.scheduling is not None:
+        errs.append(
+            fe.forbidden(
+                Path("spec", "template", "spec", "scheduling"),
+                f"JobSet scheduling {OWNED}; remove it and configure spec.scheduling",
+            )
+        )
+    for i, rj in enumerate(runtime.replicated_jobs):
+        job_spec = rj.template.spec if rj.template else None
+        jpath = REPLICATED_JOBS.index(i).child("template", "spec")
+        if job_spec is not None and job_spec.scheduling is not None:
+            errs.append(
+                fe.forbidden(
+                    jpath.child("scheduling"),
+                    f"Job scheduling {OWNED}; remove it and configure spec.scheduling",
+                )
+            )
+        if rj.pod_spec.scheduling_group is not None:
+            errs.append(
+                fe.forbidden(
+                    jpath.child("template", "spec", "schedulingGroup"),
+                    f"Pod schedulingGroup {OWNED}; remove it, the service sets it on each pod",
+                )
+            )
+    return errs
+
+
+def _empty_gangs(runtime: Runtime, layout: Layout) -> list[FieldError]:
+    """A gang needs at least one pod it can count; numNodes is checked per TrainJob."""
+    errs: list[FieldError] = []
+    for i, rj in enumerate(runtime.replicated_jobs):
+        where = REPLICATED_JOBS.index(i)
+        if rj.replicas is not None and rj.replicas < 0:
+            errs.append(fe.invalid(where.child("replicas"), rj.replicas, "must be >= 0"))
+        if rj.parallelism < 0:
+            errs.append(
+                fe.invalid(
+                    where.child("template", "spec", "parallelism"), rj.parallelism, "must be >= 0"
+                )
+            )
+    by_name = {rj.name: rj for rj in runtime.replicated_jobs}
+    for group in layout.groups:
+        if group.policy != "gang":
+            continue
+        if any(uses_num_nodes(runtime, by_name[t]) for t in group.counted):
+            continue  # sized by numNodes, which the TrainJob check bounds
+        if all(by_name[t].parallelism * by_name[t].replica_count <= 0 for t in group.counted):
+            i = next(k for k, rj in enumerate(runtime.replicated_jobs) if rj.name in group.targets)
+            errs.append(
+                fe.invalid(
+                    REPLICATED_JOBS.index(i),
+                    list(group.counted),
+                    "a gang needs at least one pod, but these ReplicatedJobs run none "
+                    "(replicas or parallelism 0); raise them or use schedulingPolicy basic",
+                )
+            )
+    return errs
+
+
+def validate_runtime(raw: Mapping[str, Any], old_raw: Mapping[str, Any] | None = None) -> Verdict:
+    runtime, errs = parse(Runtime, raw)
+    if runtime is None:
+        return Verdict(tuple(errs))
+    old = parse(Runtime, old_raw)[0] if old_raw is not None else None
+    return runtime_layout(runtime, old)[1]
+
+
+# --- TrainJobs ---------------------------------------------------------------------------------
+
+
+def validate_trainjob(
+    raw: Mapping[str, Any],
+    runtime: Runtime | None,
+    old_raw: Mapping[str, Any] | None = None,
+    gang_exists: bool = False,
+) -> Verdict:
+    """Rules for a TrainJob given its runtime (None: not found) and, on update, its old version."""
+    trainjob, errs = parse(TrainJob, raw)
+    if trainjob is None:
+        return Verdict(tuple(errs))
+    old = parse(TrainJob, old_raw)[0] if old_raw is not None else None
+    return check_trainjob(trainjob, runtime, old, gang_exists)
+
+
+def check_trainjob(
+    trainjob: TrainJob,
+    runtime: Runtime | None,
+    old: TrainJob | None = None,
+    gang_exists: bool = False,
+    checked: tuple[Layout | None, Verdict] | None = None,
+) -> Verdict:
+    """`validate_trainjob` on parsed objects; `checked` reuses a `runtime_layout` result."""
+    ref = Path("spec", "runtimeRef", "name")
+    if runtime is None:
+        where = (
+            ""
+            if trainjob.runtime_kind == CLUSTER_RUNTIME_KIND
+            else f' in namespace "{trainjob.namespace}"'
+        )
+        detail = (
+            f"no {trainjob.runtime_kind} of that name{where}; create the runtime first or fix "
+            "spec.runtimeRef"
+        )
+        return Verdict((fe.not_found(ref, trainjob.spec.runtime_ref.name, detail),))
+    if runtime.spec.scheduling is None:
+        return Verdict()
+    layout, verdict = checked or runtime_layout(runtime)
+    if not verdict.allowed or layout is None:
+        detail = f"the runtime's spec.scheduling is invalid ({verdict.errors[0]}); fix the runtime"
+        return Verdict((fe.invalid(ref, trainjob.spec.runtime_ref.name, detail),))
+
+    npath = Path("spec", "trainer", "numNodes")
+    num_nodes = trainjob.num_nodes
+    found: list[FieldError] = []
+    if num_nodes is not None and num_nodes < 0:
+        found.append(fe.invalid(npath, num_nodes, "must be >= 0"))
+    elif any(
+        group.policy == "gang" and group_size(group, runtime, num_nodes).min_count < 1
+        for group in layout.groups
+    ):
+        found.append(
+            fe.invalid(
+                npath,
+                num_nodes,
+                "must be at least 1: the runtime schedules these pods as a gang, which needs "
+                "at least one pod",
+            )
+        )
+    if old is not None and gang_exists and old.num_nodes != num_nodes:
+        found.append(
+            fe.forbidden(
+                npath,
+                f"may not change from {old.num_nodes} to {num_nodes} while the TrainJob's "
+                "gang exists; delete and recreate the TrainJob instead",
+            )
+        )
+    return Verdict(tuple(found), verdict.warnings)
