@@ -1,0 +1,105 @@
+"""`python -m webhook plan` run as a real process on the shipped samples."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.apiserver_rules import objects_errors
+
+SAMPLES = Path(__file__).parent.parent / "webhook" / "samples"
+
+
+def plan(*files: str) -> tuple[int, list[dict[str, Any]], str]:
+    args = [a for f in files for a in ("-f", str(SAMPLES / f) if not f.startswith("/") else f)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "webhook", "plan", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    return proc.returncode, list(yaml.safe_load_all(proc.stdout)), proc.stderr
+
+
+def by_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [o for o in objects if o["kind"] == kind]
+
+
+def test_torch_100_nodes_level_one() -> None:
+    code, objects, err = plan("torch-100-nodes.trainjob.yaml", "torch-distributed.runtime.yaml")
+    assert code == 0, err
+    (workload,) = by_kind(objects, "Workload")
+    (pod_group,) = by_kind(objects, "PodGroup")
+    (template,) = workload["spec"]["podGroupTemplates"]
+    assert template["schedulingPolicy"] == {"gang": {"minCount": 100}}
+    assert pod_group["spec"]["schedulingPolicy"] == {"gang": {"minCount": 100}}
+    assert pod_group["metadata"]["name"] == "my-job-f438be8c51"
+    assert err == ""
+    assert objects_errors(objects) == []
+
+
+def test_deepspeed_level_two() -> None:
+    code, objects, err = plan(
+        "deepspeed-8-nodes.trainjob.yaml", "deepspeed-distributed.runtime.yaml"
+    )
+    assert code == 0, err
+    (workload,) = by_kind(objects, "Workload")
+    init, gang = workload["spec"]["podGroupTemplates"]
+    assert init["name"].startswith("dataset-initializer-")
+    assert init["schedulingPolicy"] == {"basic": {}}
+    assert gang["name"].startswith("launcher-node-")
+    assert gang["schedulingPolicy"] == {"gang": {"minCount": 8}}
+    assert gang["schedulingConstraints"] == {"topology": [{"key": "topology.kubernetes.io/zone"}]}
+    assert len(by_kind(objects, "PodGroup")) == 2
+    assert err.splitlines() == [
+        'Warning: scheduling: "launcher" starts after "node", so its pods join the gang after '
+        "admission and are not in minCount"
+    ]
+
+
+def test_rack_level_three() -> None:
+    code, objects, err = plan("torch-rack.trainjob.yaml", "torch-rack.runtime.yaml")
+    assert code == 0, err
+    pod_groups = by_kind(objects, "PodGroup")
+    assert [pg["metadata"]["name"].rsplit("-", 1)[0] for pg in pod_groups] == [
+        "rack-job-node-0",
+        "rack-job-node-1",
+    ]
+    for pg in pod_groups:
+        assert pg["spec"]["schedulingPolicy"] == {"gang": {"minCount": 4}}
+        assert pg["spec"]["schedulingConstraints"] == {
+            "topology": [{"key": "topology.kubernetes.io/rack"}]
+        }
+    assert objects_errors(objects) == []
+
+
+def test_invalid_runtime_prints_field_errors_and_fails() -> None:
+    code, objects, err = plan("invalid.runtime.yaml")
+    assert code == 1
+    assert objects == []
+    assert err.startswith('error: ClusterTrainingRuntime "torchtune-broken" is invalid:\n')
+    assert "* spec.scheduling.replicatedJobs[0].schedulingPolicy.gang.minCount: Forbidden" in err
+    assert (
+        '* spec.scheduling.replicatedJobs[1].targetReplicatedJobs[1]: Invalid value: "nodes"' in err
+    )
+
+
+def test_trainjob_of_an_invalid_runtime_gets_no_objects() -> None:
+    code, objects, err = plan("torch-100-nodes.trainjob.yaml", "invalid.runtime.yaml")
+    assert code == 1 and objects == []
+    assert 'error: TrainJob "my-job" is invalid:' in err
+    assert 'spec.runtimeRef.name: Not found: "torch-distributed"' in err
+
+
+def test_unreadable_input_is_a_usage_error(tmp_path: Path) -> None:
+    code, _, err = plan(str(tmp_path / "missing.yaml"))
+    assert code == 2 and "cannot read" in err
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("kind: [unclosed\n")
+    code, _, err = plan(str(bad))
+    assert code == 2 and "is not valid YAML" in err and "Traceback" not in err

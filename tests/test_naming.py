@@ -1,0 +1,76 @@
+"""Names are part of the API: running pods point at them, so they are pinned here."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from webhook.core import naming
+
+
+def test_examples_from_the_reference() -> None:
+    # was-api.md section 4, TrainJob my-job in namespace team-a.
+    assert naming.workload_name("team-a", "my-job") == "my-job-f438be8c51"
+    assert naming.group_template_name("team-a", "my-job", ["node"]) == "node-d1c371e3b1"
+    assert (
+        naming.group_template_name("team-a", "my-job", ["launcher", "node"])
+        == "launcher-node-ccfe855b49"
+    )
+    assert (
+        naming.group_template_name("team-a", "my-job", ["dataset-initializer", "model-initializer"])
+        == "dataset-initializer-model-initializer-a2400d82a0"
+    )
+    assert naming.job_template_name("team-a", "my-job", "node", 0) == "node-0-33e00f497c"
+    assert naming.split_template_name("team-a", "my-job", "node") == "node-a0cc56a224"
+    assert (
+        naming.pod_group_name("my-job", "launcher-node-ccfe855b49")
+        == "my-job-launcher-node-ccfe855b49"
+    )
+    assert naming.pod_group_name("my-job", "node-d1c371e3b1") == "my-job-node-d1c371e3b1"
+
+
+def test_group_names_keep_list_order_and_tell_groups_from_single_names() -> None:
+    a = naming.group_template_name("ns", "tj", ["leader", "worker"])
+    b = naming.group_template_name("ns", "tj", ["worker", "leader"])
+    assert a != b
+    # The hash kind keeps a group apart from a level-3 or split name with the same prefix.
+    assert naming.group_template_name("ns", "tj", ["node"]) != naming.split_template_name(
+        "ns", "tj", "node"
+    )
+
+
+def test_names_depend_on_namespace_and_trainjob() -> None:
+    assert naming.workload_name("a", "job") != naming.workload_name("b", "job")
+    assert naming.group_template_name("ns", "a", ["x"]) != naming.group_template_name(
+        "ns", "b", ["x"]
+    )
+
+
+def test_long_prefixes_are_cut_to_stay_a_dns_label() -> None:
+    tj = "j" * 63
+    name = naming.workload_name("ns", tj)
+    assert len(name) == 63
+    assert name.startswith("j" * 52 + "-")
+    group = naming.group_template_name("ns", "tj", ["abcdefghijklmnopqrst"] * 5)
+    assert len(group) == 63 and naming.is_dns_label(group)
+
+
+def test_pod_group_name_hashes_when_too_long() -> None:
+    tj, tmpl = "t" * 40, "launcher-node-ccfe855b49"
+    name = naming.pod_group_name(tj, tmpl)
+    assert len(name) <= 63 and naming.is_dns_label(name)
+    digest = hashlib.sha1(f"{tj}/{tmpl}".encode()).hexdigest()[:10]
+    assert name == f"{tj}-{digest}"
+    assert name != naming.pod_group_name(tj, "launcher-node-0000000000")
+    # Within the limit the readable form is kept.
+    assert naming.pod_group_name("t" * 20, tmpl) == "t" * 20 + "-" + tmpl
+
+
+@pytest.mark.parametrize(
+    ("value", "ok"),
+    [("node", True), ("0node", True), ("a-b", True), ("-a", False), ("a-", False), ("A", False)],
+)
+def test_is_dns_label(value: str, ok: bool) -> None:
+    assert naming.is_dns_label(value) is ok
+    assert naming.is_dns_label("a" * 64) is False

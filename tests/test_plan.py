@@ -1,0 +1,390 @@
+"""The planner on the reference's worked examples, the shipped samples and the captured fixtures."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.apiserver_rules import objects_errors
+from tests.builders import parsed, rj, runtime, torch_node, trainjob
+from webhook.backends.native import NativeBackend
+from webhook.core.layout import Level
+from webhook.core.plan import Plan, PlanningError, build_plan, pod_group_for_labels
+from webhook.core.trainer import Runtime, TrainJob
+
+SAMPLES = Path(__file__).parent.parent / "webhook" / "samples"
+FIXTURES = Path(__file__).parent.parent.parent / "shared" / "fixtures" / "admission"
+
+
+def plan_of(raw_runtime: dict[str, Any], raw_trainjob: dict[str, Any]) -> Plan:
+    rt, tj = parsed(raw_runtime, raw_trainjob)
+    plan = build_plan(tj, rt)
+    assert plan is not None
+    return plan
+
+
+def sample(name: str) -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load((SAMPLES / name).read_text())
+    return doc
+
+
+def fixture_object(name: str) -> dict[str, Any]:
+    obj: dict[str, Any] = json.loads((FIXTURES / name).read_text())["request"]["object"]
+    return obj
+
+
+# --- was-api.md section 3, worked examples -----------------------------------------------------
+
+
+def test_torch_level_one_gang_of_100() -> None:
+    plan = plan_of(runtime(torch_node(), scheduling={}), trainjob(num_nodes=100))
+    (group,) = plan.groups
+    assert group.level is Level.TRAINJOB
+    assert (group.policy, group.min_count, group.pod_count) == ("gang", 100, 100)
+    assert group.template_name == group.pod_group_name == plan.workload_name == "my-job-f438be8c51"
+
+
+def test_mpi_launcher_and_node_without_dependency_count_both() -> None:
+    rt = runtime(
+        rj("launcher", ancestor="trainer"),
+        rj("node"),
+        ml={"numNodes": 1, "mpi": {"numProcPerNode": 1}},
+        scheduling={"replicatedJobs": [{"targetReplicatedJobs": ["launcher", "node"]}]},
+    )
+    (group,) = plan_of(rt, trainjob(num_nodes=50)).groups
+    assert (group.min_count, group.pod_count, group.joins_later) == (51, 51, ())
+
+
+def test_torchtune_initializers_basic_node_gang() -> None:
+    rt = runtime(
+        rj("dataset-initializer", ancestor="dataset-initializer"),
+        rj("model-initializer", ancestor="model-initializer"),
+        torch_node(
+            depends=[("dataset-initializer", "Complete"), ("model-initializer", "Complete")]
+        ),
+        scheduling={
+            "replicatedJobs": [
+                {
+                    "targetReplicatedJobs": ["dataset-initializer", "model-initializer"],
+                    "schedulingPolicy": {"basic": {}},
+                },
+                {"targetReplicatedJobs": ["node"], "schedulingPolicy": {"gang": {}}},
+            ]
+        },
+    )
+    init, node = plan_of(rt, trainjob(num_nodes=8)).groups
+    assert (init.policy, init.min_count, init.pod_count) == ("basic", None, 2)
+    assert (node.policy, node.min_count) == ("gang", 8)
+
+
+def test_level_three_one_template_per_replica() -> None:
+    rt = runtime(
+        torch_node(replicas=3),
+        scheduling={
+            "replicatedJobs": [
+                {"targetReplicatedJobs": ["node"], "job": {"schedulingPolicy": {"gang": {}}}}
+            ]
+        },
+    )
+    plan = plan_of(rt, trainjob(num_nodes=4))
+    assert [g.template_name.rsplit("-", 1)[0] for g in plan.groups] == [
+        "node-0",
+        "node-1",
+        "node-2",
+    ]
+    assert [(g.min_count, g.pod_count, g.job_index) for g in plan.groups] == [
+        (4, 4, 0),
+        (4, 4, 1),
+        (4, 4, 2),
+    ]
+    assert plan.groups[0].template_name == "node-0-33e00f497c"
+
+
+@pytest.mark.parametrize(("num_nodes", "node_pods"), [(8, 7), (2, 1), (1, 1)])
+def test_deepspeed_run_launcher_as_node_ready_dependency(num_nodes: int, node_pods: int) -> None:
+    # Built-in deepspeed-distributed: launcher dependsOn node Ready, runLauncherAsNode true.
+    rt = runtime(
+        rj("node"),
+        rj("launcher", ancestor="trainer", depends=[("node", "Ready")]),
+        ml={"numNodes": 1, "mpi": {"runLauncherAsNode": True}},
+        scheduling={"replicatedJobs": [{"targetReplicatedJobs": ["launcher", "node"]}]},
+    )
+    plan = plan_of(rt, trainjob(num_nodes=num_nodes))
+    (group,) = plan.groups
+    assert group.min_count == node_pods  # max(n - 1, 1)
+    assert group.pod_count == node_pods + 1
+    assert group.joins_later == ("launcher",)
+    assert any('"launcher" starts after "node"' in w for w in plan.warnings)
+
+
+def test_numnodes_falls_back_to_the_runtime() -> None:
+    rt = runtime(torch_node(), scheduling={}, ml={"numNodes": 3, "torch": {}})
+    assert plan_of(rt, trainjob()).groups[0].min_count == 3
+
+
+def test_parallelism_and_replicas_multiply_for_other_jobs() -> None:
+    rt = runtime(
+        torch_node(),
+        rj("eval", parallelism=3, replicas=2),
+        scheduling={"schedulingPolicy": {"gang": {}}},
+    )
+    assert plan_of(rt, trainjob(num_nodes=4)).groups[0].min_count == 4 + 6
+
+
+# --- level 1 and dependencies (rule 8(c)) ------------------------------------------------------
+
+
+def test_level_one_split_by_complete_dependency() -> None:
+    rt = runtime(
+        rj("dataset-initializer", ancestor="dataset-initializer"),
+        torch_node(depends=[("dataset-initializer", "Complete")]),
+        scheduling={
+            "schedulingConstraints": {"topology": [{"key": "topology.kubernetes.io/zone"}]}
+        },
+    )
+    plan = plan_of(rt, trainjob(num_nodes=5))
+    assert [(g.level, g.replicated_jobs, g.min_count) for g in plan.groups] == [
+        (Level.SPLIT, ("dataset-initializer",), 1),
+        (Level.SPLIT, ("node",), 5),
+    ]
+    assert plan.groups[1].template_name == "node-a0cc56a224"
+    assert all(g.topology_key == "topology.kubernetes.io/zone" for g in plan.groups)
+    assert any("split into one gang per ReplicatedJob" in w for w in plan.warnings)
+
+
+def test_level_one_basic_is_not_split() -> None:
+    rt = runtime(
+        rj("init"),
+        torch_node(depends=[("init", "Complete")]),
+        scheduling={"schedulingPolicy": {"basic": {}}},
+    )
+    (group,) = plan_of(rt, trainjob(num_nodes=5)).groups
+    assert (group.level, group.min_count, group.pod_count) == (Level.TRAINJOB, None, 6)
+
+
+def test_in_order_startup_counts_as_ready_chain() -> None:
+    rt = runtime(
+        rj("a", parallelism=2),
+        rj("b", parallelism=3),
+        torch_node(),
+        scheduling={},
+        startupPolicy=None,
+    )
+    rt["spec"]["template"]["spec"]["startupPolicy"] = {"startupPolicyOrder": "InOrder"}
+    (group,) = plan_of(rt, trainjob(num_nodes=4)).groups
+    assert group.joins_later == ("b", "node")
+    assert (group.min_count, group.pod_count) == (2, 9)
+
+
+def test_invalid_input_raises_planning_error_with_the_field_errors() -> None:
+    rt = runtime(torch_node(), scheduling={"schedulingPolicy": {"gang": {"minCount": 3}}})
+    with pytest.raises(PlanningError) as exc:
+        plan_of(rt, trainjob(num_nodes=2))
+    assert "gang.minCount is computed from numNodes" in str(exc.value)
+    with pytest.raises(PlanningError):
+        plan_of(runtime(torch_node(), scheduling={}), trainjob(num_nodes=0))
+
+
+def test_no_scheduling_means_no_plan() -> None:
+    rt, tj = parsed(runtime(torch_node()), trainjob(num_nodes=2))
+    assert build_plan(tj, rt) is None
+
+
+# --- pods to groups ----------------------------------------------------------------------------
+
+
+def test_pod_labels_map_to_pod_groups() -> None:
+    rt = runtime(
+        rj("init"),
+        torch_node(replicas=2),
+        rj("eval"),
+        scheduling={
+            "replicatedJobs": [
+                {"targetReplicatedJobs": ["init"], "schedulingPolicy": {"basic": {}}},
+                {"targetReplicatedJobs": ["node"], "job": {"schedulingPolicy": {"gang": {}}}},
+            ]
+        },
+    )
+    plan = plan_of(rt, trainjob(num_nodes=2))
+
+    def labels(rj_name: str, index: str, jobset: str = "my-job") -> dict[str, str]:
+        return {
+            "jobset.sigs.k8s.io/jobset-name": jobset,
+            "jobset.sigs.k8s.io/replicatedjob-name": rj_name,
+            "jobset.sigs.k8s.io/job-index": index,
+        }
+
+    init, node0, node1 = plan.groups
+    assert pod_group_for_labels(plan, labels("init", "0")) == init.pod_group_name
+    assert pod_group_for_labels(plan, labels("node", "0")) == node0.pod_group_name
+    assert pod_group_for_labels(plan, labels("node", "1")) == node1.pod_group_name
+    assert pod_group_for_labels(plan, labels("eval", "0")) is None  # untargeted
+    assert pod_group_for_labels(plan, labels("node", "0", jobset="other")) is None
+    assert pod_group_for_labels(plan, labels("node", "x")) is None
+    assert pod_group_for_labels(plan, {}) is None
+    assert plan.untargeted == ("eval",)
+
+
+def test_fixture_pod_from_job_controller_gets_the_level_one_group() -> None:
+    pod = fixture_object("pod-create-by-job-controller.mutate.json")
+    rt = Runtime.model_validate(
+        fixture_object("clustertrainingruntime-create-level1.validate.json")
+    )
+    tj = TrainJob.model_validate(fixture_object("trainjob-create.validate.json"))
+    plan = build_plan(tj, rt)
+    assert plan is not None
+    assert pod_group_for_labels(plan, pod["metadata"]["labels"]) == "my-job-f438be8c51"
+
+
+# --- rendering ---------------------------------------------------------------------------------
+
+
+def test_reference_complete_example_renders_exactly() -> None:
+    # was-api.md section 1.8: initializers basic, node gang with a zone constraint, numNodes 8.
+    rt = runtime(
+        rj("dataset-initializer", ancestor="dataset-initializer"),
+        rj("model-initializer", ancestor="model-initializer"),
+        torch_node(
+            depends=[("dataset-initializer", "Complete"), ("model-initializer", "Complete")]
+        ),
+        scheduling={
+            "replicatedJobs": [
+                {
+                    "targetReplicatedJobs": ["dataset-initializer", "model-initializer"],
+                    "schedulingPolicy": {"basic": {}},
+                },
+                {
+                    "targetReplicatedJobs": ["node"],
+                    "schedulingPolicy": {"gang": {}},
+                    "schedulingConstraints": {"topology": [{"key": "topology.kubernetes.io/zone"}]},
+                },
+            ]
+        },
+    )
+    plan = plan_of(rt, trainjob(num_nodes=8, uid="tj-uid"))
+    workload, init_pg, node_pg = NativeBackend().render(plan, workload_uid="wl-uid")
+    owner = {
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "TrainJob",
+        "name": "my-job",
+        "uid": "tj-uid",
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+    labels = {
+        "app.kubernetes.io/managed-by": "trainjob-scheduling-webhook",
+        "trainer.kubeflow.org/trainjob-name": "my-job",
+    }
+    zone = {"topology": [{"key": "topology.kubernetes.io/zone"}]}
+    assert workload == {
+        "apiVersion": "scheduling.k8s.io/v1beta1",
+        "kind": "Workload",
+        "metadata": {
+            "name": "my-job-f438be8c51",
+            "namespace": "team-a",
+            "labels": labels,
+            "ownerReferences": [owner],
+        },
+        "spec": {
+            "controllerRef": {
+                "apiGroup": "trainer.kubeflow.org",
+                "kind": "TrainJob",
+                "name": "my-job",
+            },
+            "podGroupTemplates": [
+                {
+                    "name": "dataset-initializer-model-initializer-a2400d82a0",
+                    "schedulingPolicy": {"basic": {}},
+                },
+                {
+                    "name": "node-d1c371e3b1",
+                    "schedulingPolicy": {"gang": {"minCount": 8}},
+                    "schedulingConstraints": zone,
+                },
+            ],
+        },
+    }
+    assert init_pg["metadata"]["name"] == "my-job-dataset-initializer-model-initializer-a2400d82a0"
+    assert init_pg["spec"] == {
+        "workloadRef": {
+            "workloadName": "my-job-f438be8c51",
+            "templateName": "dataset-initializer-model-initializer-a2400d82a0",
+        },
+        "schedulingPolicy": {"basic": {}},
+    }
+    assert node_pg["metadata"] == {
+        "name": "my-job-node-d1c371e3b1",
+        "namespace": "team-a",
+        "labels": labels,
+        "ownerReferences": [
+            owner,
+            {
+                "apiVersion": "scheduling.k8s.io/v1beta1",
+                "kind": "Workload",
+                "name": "my-job-f438be8c51",
+                "uid": "wl-uid",
+            },
+        ],
+    }
+    assert node_pg["spec"] == {
+        "workloadRef": {"workloadName": "my-job-f438be8c51", "templateName": "node-d1c371e3b1"},
+        "schedulingPolicy": {"gang": {"minCount": 8}},
+        "schedulingConstraints": zone,
+    }
+    assert objects_errors([workload, init_pg, node_pg]) == []
+
+
+def test_all_group_fields_render_and_validate() -> None:
+    settings = {
+        "schedulingPolicy": {"gang": {}},
+        "schedulingConstraints": {"topology": [{"key": "example.com/block"}]},
+        "disruptionMode": {"all": {}},
+        "resourceClaims": [
+            {"name": "slice", "resourceClaimTemplateName": "tpu-slice"},
+            {"name": "shared", "resourceClaimName": "nfs-cache"},
+        ],
+    }
+    rt = runtime(torch_node(priority_class="high"), scheduling=settings)
+    objects = NativeBackend().render(plan_of(rt, trainjob(num_nodes=2)))
+    template = objects[0]["spec"]["podGroupTemplates"][0]
+    assert template["disruptionMode"] == {"all": {}}
+    assert template["resourceClaims"] == settings["resourceClaims"]
+    assert template["priorityClassName"] == "high"
+    assert "ownerReferences" in objects[1]["metadata"]
+    assert objects_errors(objects) == []
+
+
+@pytest.mark.parametrize(
+    ("trainjob_file", "runtime_file"),
+    [
+        ("torch-100-nodes.trainjob.yaml", "torch-distributed.runtime.yaml"),
+        ("deepspeed-8-nodes.trainjob.yaml", "deepspeed-distributed.runtime.yaml"),
+        ("torch-rack.trainjob.yaml", "torch-rack.runtime.yaml"),
+    ],
+)
+def test_samples_render_objects_the_api_accepts(trainjob_file: str, runtime_file: str) -> None:
+    objects = NativeBackend().render(plan_of(sample(runtime_file), sample(trainjob_file)))
+    assert objects_errors(objects) == []
+
+
+@pytest.mark.parametrize(
+    "runtime_fixture",
+    [
+        "clustertrainingruntime-create-level1.validate.json",
+        "clustertrainingruntime-create-level2.validate.json",
+        "clustertrainingruntime-create-level3-server-side-apply.validate.json",
+        "clustertrainingruntime-update-apply.validate.json",
+        "clustertrainingruntime-update-server-side-apply.validate.json",
+        "trainingruntime-create.validate.json",
+    ],
+)
+def test_captured_runtimes_plan(runtime_fixture: str) -> None:
+    rt = Runtime.model_validate(fixture_object(runtime_fixture))
+    tj = TrainJob.model_validate(fixture_object("trainjob-create.validate.json"))
+    plan = build_plan(tj, rt)
+    assert plan is not None and plan.groups
+    assert objects_errors(NativeBackend().render(plan)) == []

@@ -1,0 +1,264 @@
+"""Property-based tests over generated runtimes and TrainJobs.
+
+* validation and planning never raise and agree: the planner refuses just what validation rejects;
+* names are valid, unique within a TrainJob and stable;
+* 1 <= minCount <= the group's pod count;
+* every pod maps to exactly one group, or to none when its ReplicatedJob is untargeted;
+* the rendered Workload and PodGroups pass the Kubernetes 1.37 schema (strict) and the API rules.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from hypothesis import HealthCheck, assume, event, given, settings
+from hypothesis import strategies as st
+
+from tests.apiserver_rules import objects_errors
+from tests.builders import Json, rj
+from webhook.backends.native import NativeBackend
+from webhook.core.naming import is_dns_label
+from webhook.core.plan import Plan, PlanningError, build_plan
+from webhook.core.trainer import Runtime, TrainJob
+from webhook.core.validation import validate_runtime, validate_trainjob
+
+RJ_NAMES = [
+    "node",
+    "launcher",
+    "dataset-initializer",
+    "model-initializer",
+    "a-b",
+    "a",
+    "b",
+    "eval",
+    "w" * 20,
+    "0x",
+]
+TOPOLOGY_KEYS = ["topology.kubernetes.io/zone", "example.com/rack", "rack", "Bad Key", ""]
+
+
+@st.composite
+def group_settings(draw: st.DrawFn, sloppy: bool) -> Json:
+    out: Json = {}
+    policy = draw(
+        st.sampled_from(["absent", "basic", "gang"] + (["both", "empty"] if sloppy else []))
+    )
+    if policy == "basic":
+        out["schedulingPolicy"] = {"basic": {}}
+    elif policy == "gang":
+        gang: Json = {"minCount": draw(st.integers(0, 5))} if sloppy and draw(st.booleans()) else {}
+        out["schedulingPolicy"] = {"gang": gang}
+    elif policy == "both":
+        out["schedulingPolicy"] = {"basic": {}, "gang": {}}
+    elif policy == "empty":
+        out["schedulingPolicy"] = {}
+    if draw(st.booleans()):
+        keys = TOPOLOGY_KEYS if sloppy else TOPOLOGY_KEYS[:3]
+        n = draw(st.integers(1, 2 if sloppy else 1))
+        out["schedulingConstraints"] = {
+            "topology": [{"key": draw(st.sampled_from(keys))} for _ in range(n)]
+        }
+    if draw(st.booleans()):
+        out["disruptionMode"] = draw(
+            st.sampled_from([{"single": {}}, {"all": {}}] + ([{}] if sloppy else []))
+        )
+    if draw(st.integers(0, 3)) == 0:
+        n = draw(st.integers(1, 5 if sloppy else 4))
+        out["resourceClaims"] = [
+            {"name": f"claim-{i}", "resourceClaimTemplateName": "gpu-slice"} for i in range(n)
+        ]
+    return out
+
+
+@st.composite
+def runtimes(draw: st.DrawFn, sloppy: bool = True) -> Json:
+    names = draw(st.lists(st.sampled_from(RJ_NAMES), min_size=1, max_size=5, unique=True))
+    mpi = draw(st.booleans())
+    if mpi and draw(st.booleans()):
+        names = list(dict.fromkeys(["launcher", "node", *names]))
+    jobs = []
+    for i, name in enumerate(names):
+        deps: list[tuple[str, str]] = []
+        candidates = names if sloppy else names[:i]  # later names may make cycles
+        if candidates and draw(st.integers(0, 2)) == 0:
+            deps = [
+                (draw(st.sampled_from(candidates)), draw(st.sampled_from(["Ready", "Complete"])))
+            ]
+        jobs.append(
+            rj(
+                name,
+                ancestor=draw(st.sampled_from([None, "trainer", "dataset-initializer"])),
+                replicas=draw(st.sampled_from([None, 1, 2, 3] + ([0] if sloppy else []))),
+                parallelism=draw(st.sampled_from([None, 1, 2, 4] + ([0] if sloppy else []))),
+                depends=[d for d in deps if d[0] != name],
+                priority_class=draw(st.sampled_from([None, None, "high"] if sloppy else [None])),
+            )
+        )
+    ml: Json = {"numNodes": draw(st.integers(1, 4))}
+    if mpi:
+        ml["mpi"] = {"runLauncherAsNode": draw(st.booleans())}
+    else:
+        ml["torch"] = {}
+    spec: Json = {"mlPolicy": ml, "template": {"spec": {"replicatedJobs": jobs}}}
+    if draw(st.booleans()):
+        spec["template"]["spec"]["startupPolicy"] = {"startupPolicyOrder": "InOrder"}
+    level = draw(st.sampled_from(["none", "one", "entries"]))
+    if level == "one":
+        spec["scheduling"] = draw(group_settings(sloppy))
+    elif level == "entries":
+        pool = list(names)
+        entries: list[Json] = []
+        while pool and (not entries or draw(st.booleans())):
+            k = draw(st.integers(1, min(3, len(pool))))
+            targets, pool = pool[:k], pool[k:]
+            if draw(st.booleans()):
+                entry: Json = {
+                    "targetReplicatedJobs": targets[:1],
+                    "job": draw(group_settings(sloppy)),
+                }
+                pool = targets[1:] + pool
+            else:
+                entry = {"targetReplicatedJobs": targets, **draw(group_settings(sloppy))}
+            entries.append(entry)
+        if sloppy and draw(st.integers(0, 4)) == 0:
+            entries.append({"targetReplicatedJobs": [draw(st.sampled_from(RJ_NAMES))]})
+        spec["scheduling"] = {"replicatedJobs": entries}
+    return {
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "ClusterTrainingRuntime",
+        "metadata": {"name": "generated"},
+        "spec": spec,
+    }
+
+
+dns1035 = st.from_regex(r"\A[a-z]([-a-z0-9]{0,61}[a-z0-9])?\Z")
+
+
+@st.composite
+def trainjobs(draw: st.DrawFn) -> Json:
+    spec: Json = {"runtimeRef": {"name": "generated"}}
+    num_nodes = draw(st.sampled_from([None, 0, 1, 2, 3, 8, 100]))
+    if num_nodes is not None:
+        spec["trainer"] = {"numNodes": num_nodes}
+    return {
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "TrainJob",
+        "metadata": {
+            "name": draw(dns1035),
+            "namespace": draw(st.sampled_from(["default", "team-a", "n" * 63])),
+            "uid": "00000000-0000-0000-0000-000000000001",
+        },
+        "spec": spec,
+    }
+
+
+def _plan(raw_runtime: Json, raw_trainjob: Json) -> Plan | None:
+    return build_plan(TrainJob.model_validate(raw_trainjob), Runtime.model_validate(raw_runtime))
+
+
+@settings(max_examples=400, deadline=None)
+@given(runtimes(), trainjobs())
+def test_validation_and_planning_agree_and_never_crash(
+    raw_runtime: Json, raw_trainjob: Json
+) -> None:
+    verdict = validate_runtime(raw_runtime)
+    runtime = Runtime.model_validate(raw_runtime)
+    tj_verdict = validate_trainjob(raw_trainjob, runtime)
+    valid = verdict.allowed and tj_verdict.allowed
+    event(f"valid={valid}")
+    try:
+        plan = _plan(raw_runtime, raw_trainjob)
+    except PlanningError as exc:
+        assert not valid, f"validation passed but planning failed: {exc}"
+        assert exc.errors
+        return
+    assert valid, [str(e) for e in verdict.errors + tj_verdict.errors]
+    assert (plan is None) == ("scheduling" not in raw_runtime["spec"])
+
+
+def _check_plan(plan: Plan, raw_runtime: Json) -> None:
+    templates = [g.template_name for g in plan.groups]
+    pod_groups = [g.pod_group_name for g in plan.groups]
+    assert len(set(templates)) == len(templates)
+    assert len(set(pod_groups)) == len(pod_groups)
+    for name in [plan.workload_name, *templates, *pod_groups]:
+        assert is_dns_label(name), name
+    for g in plan.groups:
+        if g.policy == "gang":
+            assert g.min_count is not None and 1 <= g.min_count <= g.pod_count
+        else:
+            assert g.min_count is None
+    # Every pod of the TrainJob is in exactly one group, or none when untargeted.
+    for job in raw_runtime["spec"]["template"]["spec"]["replicatedJobs"]:
+        for index in range(job.get("replicas", 1)):
+            holders = [
+                g
+                for g in plan.groups
+                if job["name"] in g.replicated_jobs and g.job_index in (None, index)
+            ]
+            expected = 0 if job["name"] in plan.untargeted else 1
+            assert len(holders) == expected, (job["name"], index, holders)
+            found = plan.pod_group_for(job["name"], index)
+            assert found == (holders[0].pod_group_name if holders else None)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+@given(runtimes(sloppy=False), trainjobs())
+def test_valid_input_plans_to_objects_the_api_accepts(
+    raw_runtime: Json, raw_trainjob: Json
+) -> None:
+    assume("scheduling" in raw_runtime["spec"])
+    assume(validate_runtime(raw_runtime).allowed)
+    assume(validate_trainjob(raw_trainjob, Runtime.model_validate(raw_runtime)).allowed)
+    plan = _plan(raw_runtime, raw_trainjob)
+    assert plan is not None
+    event(f"levels={sorted({g.level.name for g in plan.groups})}")
+    _check_plan(plan, raw_runtime)
+    # Stable: the same inputs, freshly parsed, give the same plan.
+    assert _plan(copy.deepcopy(raw_runtime), copy.deepcopy(raw_trainjob)) == plan
+    objects = NativeBackend().render(plan, workload_uid="00000000-0000-0000-0000-000000000002")
+    assert objects_errors(objects) == []
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-3, 10) | st.text(max_size=5),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
+    max_leaves=12,
+)
+scheduling_keys = st.sampled_from(
+    [
+        "schedulingPolicy",
+        "schedulingConstraints",
+        "disruptionMode",
+        "resourceClaims",
+        "replicatedJobs",
+        "targetReplicatedJobs",
+        "job",
+        "gang",
+        "basic",
+        "topology",
+        "minCount",
+    ]
+)
+garbage = st.recursive(
+    json_values,
+    lambda inner: st.dictionaries(scheduling_keys, inner, max_size=4) | st.lists(inner, max_size=3),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(runtimes(), garbage, trainjobs())
+def test_garbage_scheduling_never_crashes(raw_runtime: Json, junk: Any, raw_trainjob: Json) -> None:
+    raw_runtime["spec"]["scheduling"] = junk
+    verdict = validate_runtime(raw_runtime)
+    if verdict.allowed:
+        # What validates must plan.
+        runtime = Runtime.model_validate(raw_runtime)
+        if validate_trainjob(raw_trainjob, runtime).allowed:
+            plan = _plan(raw_runtime, raw_trainjob)
+            if plan is not None:
+                _check_plan(plan, raw_runtime)

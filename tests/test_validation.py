@@ -1,0 +1,592 @@
+"""Every validation rule: one valid and one invalid case, with the path and the message checked."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from tests.builders import Json, rj, runtime, torch_node, trainjob
+from webhook.core.errors import ErrorType, render
+from webhook.core.trainer import Runtime
+from webhook.core.validation import validate_runtime, validate_trainjob
+
+ZONE = {"topology": [{"key": "topology.kubernetes.io/zone"}]}
+
+
+def entries(*items: Json) -> Json:
+    return {"replicatedJobs": list(items)}
+
+
+def target(*names: str, **fields: Any) -> Json:
+    return {"targetReplicatedJobs": list(names), **fields}
+
+
+def two_jobs(scheduling: Json, **kw: Any) -> Json:
+    return runtime(rj("init"), torch_node(), scheduling=scheduling, **kw)
+
+
+@dataclass
+class Rule:
+    id: str
+    valid: Json
+    invalid: Json
+    path: str
+    type: ErrorType
+    message: str
+    old: Json | None = None
+
+
+def with_jobset_scheduling(raw: Json) -> Json:
+    raw["spec"]["template"]["spec"]["scheduling"] = {"schedulingPolicy": {"gang": {}}}
+    return raw
+
+
+def _many_rjs(n: int) -> list[Json]:
+    return [rj(f"job{i}") for i in range(n)]
+
+
+RULES = [
+    Rule(
+        "scheduling-xor-podgrouppolicy",
+        runtime(torch_node(), podGroupPolicy={"coscheduling": {}}),
+        runtime(torch_node(), scheduling={}, podGroupPolicy={"coscheduling": {}}),
+        "spec.scheduling",
+        ErrorType.FORBIDDEN,
+        "scheduling and podGroupPolicy are mutually exclusive; remove podGroupPolicy",
+    ),
+    Rule(
+        "level-exclusivity",
+        two_jobs(entries(target("init", "node", schedulingConstraints=ZONE))),
+        two_jobs(entries(target("init", "node")) | {"schedulingConstraints": ZONE}),
+        "spec.scheduling.schedulingConstraints",
+        ErrorType.FORBIDDEN,
+        "TrainJob-level fields and replicatedJobs are mutually exclusive",
+    ),
+    Rule(
+        "target-exists",
+        two_jobs(entries(target("node"))),
+        two_jobs(entries(target("nodes"))),
+        "spec.scheduling.replicatedJobs[0].targetReplicatedJobs[0]",
+        ErrorType.INVALID,
+        '"nodes": no ReplicatedJob of that name in spec.template (it has: init, node)',
+    ),
+    Rule(
+        "targeted-once",
+        two_jobs(entries(target("init"), target("node"))),
+        two_jobs(entries(target("init", "node"), target("node"))),
+        "spec.scheduling.replicatedJobs[1].targetReplicatedJobs[0]",
+        ErrorType.DUPLICATE,
+        "a ReplicatedJob must not be targeted by more than one replicatedJobs entry",
+    ),
+    Rule(
+        "target-listed-once-per-entry",
+        two_jobs(entries(target("init", "node"))),
+        two_jobs(entries(target("node", "node"))),
+        "spec.scheduling.replicatedJobs[0].targetReplicatedJobs[1]",
+        ErrorType.DUPLICATE,
+        "list each ReplicatedJob once per entry",
+    ),
+    Rule(
+        "targets-required",
+        two_jobs(entries(target("node"))),
+        two_jobs(entries(target())),
+        "spec.scheduling.replicatedJobs[0].targetReplicatedJobs",
+        ErrorType.REQUIRED,
+        "name the ReplicatedJobs this entry schedules",
+    ),
+    Rule(
+        "entries-required",
+        two_jobs({}),
+        two_jobs(entries()),
+        "spec.scheduling.replicatedJobs",
+        ErrorType.REQUIRED,
+        "remove it to schedule the whole TrainJob as one group",
+    ),
+    Rule(
+        "at-most-8-entries",
+        runtime(*_many_rjs(8), scheduling=entries(*(target(f"job{i}") for i in range(8)))),
+        runtime(*_many_rjs(9), scheduling=entries(*(target(f"job{i}") for i in range(9)))),
+        "spec.scheduling.replicatedJobs",
+        ErrorType.TOO_MANY,
+        "9: must have at most 8 items",
+    ),
+    Rule(
+        "at-most-8-targets",
+        runtime(*_many_rjs(8), scheduling=entries(target(*(f"job{i}" for i in range(8))))),
+        runtime(*_many_rjs(9), scheduling=entries(target(*(f"job{i}" for i in range(9))))),
+        "spec.scheduling.replicatedJobs[0].targetReplicatedJobs",
+        ErrorType.TOO_MANY,
+        "9: must have at most 8 items",
+    ),
+    Rule(
+        "policy-exactly-one",
+        two_jobs({"schedulingPolicy": {"basic": {}}}),
+        two_jobs({"schedulingPolicy": {"basic": {}, "gang": {}}}),
+        "spec.scheduling.schedulingPolicy",
+        ErrorType.INVALID,
+        "set exactly one of basic: {} (pod by pod) or gang: {} (all or nothing)",
+    ),
+    Rule(
+        "policy-not-empty",
+        two_jobs(entries(target("node", schedulingPolicy={"gang": {}}))),
+        two_jobs(entries(target("node", schedulingPolicy={}))),
+        "spec.scheduling.replicatedJobs[0].schedulingPolicy",
+        ErrorType.INVALID,
+        "set exactly one of basic",
+    ),
+    Rule(
+        "mincount-forbidden-level-1",
+        two_jobs({"schedulingPolicy": {"gang": {}}}),
+        two_jobs({"schedulingPolicy": {"gang": {"minCount": 4}}}),
+        "spec.scheduling.schedulingPolicy.gang.minCount",
+        ErrorType.FORBIDDEN,
+        "gang.minCount is computed from numNodes and must not be set; remove it",
+    ),
+    Rule(
+        "mincount-forbidden-level-2",
+        two_jobs(entries(target("node", schedulingPolicy={"gang": {}}))),
+        two_jobs(entries(target("node", schedulingPolicy={"gang": {"minCount": 2}}))),
+        "spec.scheduling.replicatedJobs[0].schedulingPolicy.gang.minCount",
+        ErrorType.FORBIDDEN,
+        "gang.minCount is computed from numNodes and must not be set",
+    ),
+    Rule(
+        "mincount-forbidden-level-3",
+        two_jobs(entries(target("node", job={"schedulingPolicy": {"gang": {}}}))),
+        two_jobs(entries(target("node", job={"schedulingPolicy": {"gang": {"minCount": 2}}}))),
+        "spec.scheduling.replicatedJobs[0].job.schedulingPolicy.gang.minCount",
+        ErrorType.FORBIDDEN,
+        "gang.minCount is computed from numNodes and must not be set",
+    ),
+    Rule(
+        "one-topology-constraint",
+        two_jobs({"schedulingConstraints": ZONE}),
+        two_jobs(
+            {
+                "schedulingConstraints": {
+                    "topology": [{"key": "topology.kubernetes.io/zone"}, {"key": "rack"}]
+                }
+            }
+        ),
+        "spec.scheduling.schedulingConstraints.topology",
+        ErrorType.TOO_MANY,
+        "2: must have at most 1 items; keep one topology key per group",
+    ),
+    Rule(
+        "topology-key-valid",
+        two_jobs({"schedulingConstraints": {"topology": [{"key": "example.com/rack_1"}]}}),
+        two_jobs({"schedulingConstraints": {"topology": [{"key": "Example.com/rack"}]}}),
+        "spec.scheduling.schedulingConstraints.topology[0].key",
+        ErrorType.INVALID,
+        '"Example.com/rack": must be a node label key',
+    ),
+    Rule(
+        "topology-key-required",
+        two_jobs({"schedulingConstraints": ZONE}),
+        two_jobs({"schedulingConstraints": {"topology": [{}]}}),
+        "spec.scheduling.schedulingConstraints.topology[0].key",
+        ErrorType.REQUIRED,
+        "name a node label key such as topology.kubernetes.io/zone",
+    ),
+    Rule(
+        "at-most-4-claims",
+        two_jobs(
+            entries(
+                target(
+                    "node",
+                    resourceClaims=[{"name": f"c{i}", "resourceClaimName": "x"} for i in range(4)],
+                )
+            )
+        ),
+        two_jobs(
+            entries(
+                target(
+                    "node",
+                    resourceClaims=[{"name": f"c{i}", "resourceClaimName": "x"} for i in range(5)],
+                )
+            )
+        ),
+        "spec.scheduling.replicatedJobs[0].resourceClaims",
+        ErrorType.TOO_MANY,
+        "5: must have at most 4 items; a PodGroup shares at most 4 claims",
+    ),
+    Rule(
+        "claim-one-source",
+        two_jobs({"resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "gpus"}]}),
+        two_jobs(
+            {
+                "resourceClaims": [
+                    {"name": "gpu", "resourceClaimTemplateName": "g", "resourceClaimName": "h"}
+                ]
+            }
+        ),
+        "spec.scheduling.resourceClaims[0]",
+        ErrorType.INVALID,
+        "set exactly one of resourceClaimName or resourceClaimTemplateName",
+    ),
+    Rule(
+        "claim-name-dns-label",
+        two_jobs({"resourceClaims": [{"name": "gpu", "resourceClaimName": "gpus"}]}),
+        two_jobs({"resourceClaims": [{"name": "GPU", "resourceClaimName": "gpus"}]}),
+        "spec.scheduling.resourceClaims[0].name",
+        ErrorType.INVALID,
+        '"GPU": must be a DNS label',
+    ),
+    Rule(
+        "claim-names-unique",
+        two_jobs(
+            {
+                "resourceClaims": [
+                    {"name": "a", "resourceClaimName": "x"},
+                    {"name": "b", "resourceClaimName": "x"},
+                ]
+            }
+        ),
+        two_jobs(
+            {
+                "resourceClaims": [
+                    {"name": "a", "resourceClaimName": "x"},
+                    {"name": "a", "resourceClaimName": "y"},
+                ]
+            }
+        ),
+        "spec.scheduling.resourceClaims[1].name",
+        ErrorType.DUPLICATE,
+        "claim names must be unique",
+    ),
+    Rule(
+        "disruption-mode-one-of",
+        two_jobs({"disruptionMode": {"all": {}}}),
+        two_jobs({"disruptionMode": {}}),
+        "spec.scheduling.disruptionMode",
+        ErrorType.INVALID,
+        "set exactly one of single: {} (pods disrupted one by one) or all: {}",
+    ),
+    Rule(
+        "at-most-8-templates-after-level-3",
+        runtime(torch_node(replicas=8), scheduling=entries(target("node", job={}))),
+        runtime(torch_node(replicas=9), scheduling=entries(target("node", job={}))),
+        "spec.scheduling.replicatedJobs",
+        ErrorType.TOO_MANY,
+        "this runtime resolves to 9 PodGroup templates",
+    ),
+    Rule(
+        "job-needs-one-target",
+        two_jobs(entries(target("node", job={}))),
+        two_jobs(entries(target("init", "node", job={}))),
+        "spec.scheduling.replicatedJobs[0].targetReplicatedJobs",
+        ErrorType.INVALID,
+        "an entry with job must target exactly one ReplicatedJob",
+    ),
+    Rule(
+        "job-excludes-entry-fields",
+        two_jobs(entries(target("node", job={"schedulingConstraints": ZONE}))),
+        two_jobs(entries(target("node", job={}, schedulingConstraints=ZONE))),
+        "spec.scheduling.replicatedJobs[0].schedulingConstraints",
+        ErrorType.FORBIDDEN,
+        "an entry with job configures each Job there; move this field under job",
+    ),
+    Rule(
+        "jobset-scheduling-owned",
+        with_jobset_scheduling(runtime(torch_node())),
+        with_jobset_scheduling(runtime(torch_node(), scheduling={})),
+        "spec.template.spec.scheduling",
+        ErrorType.FORBIDDEN,
+        "JobSet scheduling must not be set, it is owned by the TrainJob controller",
+    ),
+    Rule(
+        "job-scheduling-owned",
+        runtime(torch_node(job_scheduling={"schedulingPolicy": {"gang": {}}})),
+        runtime(torch_node(job_scheduling={"schedulingPolicy": {"gang": {}}}), scheduling={}),
+        "spec.template.spec.replicatedJobs[0].template.spec.scheduling",
+        ErrorType.FORBIDDEN,
+        "Job scheduling must not be set, it is owned by the TrainJob controller",
+    ),
+    Rule(
+        "pod-scheduling-group-owned",
+        runtime(torch_node(scheduling_group={"podGroupName": "x"})),
+        runtime(torch_node(scheduling_group={"podGroupName": "x"}), scheduling={}),
+        "spec.template.spec.replicatedJobs[0].template.spec.template.spec.schedulingGroup",
+        ErrorType.FORBIDDEN,
+        "Pod schedulingGroup must not be set, it is owned by the TrainJob controller",
+    ),
+    Rule(
+        "replicated-job-name-at-most-20",
+        runtime(rj("a" * 20), scheduling={}),
+        runtime(rj("a" * 21), scheduling={}),
+        "spec.template.spec.replicatedJobs[0].name",
+        ErrorType.TOO_LONG,
+        "may not be more than 20 characters; Trainer v2.4 caps ReplicatedJob names",
+    ),
+    Rule(
+        "replicated-job-name-dns-label",
+        runtime(rj("node-1"), scheduling={}),
+        runtime(rj("Node_1"), scheduling={}),
+        "spec.template.spec.replicatedJobs[0].name",
+        ErrorType.INVALID,
+        '"Node_1": must be a DNS label',
+    ),
+    Rule(
+        "replicated-job-names-unique",
+        runtime(rj("a"), rj("b"), scheduling={}),
+        runtime(rj("a"), rj("a"), scheduling={}),
+        "spec.template.spec.replicatedJobs[1].name",
+        ErrorType.DUPLICATE,
+        "ReplicatedJob names must be unique",
+    ),
+    Rule(
+        "complete-dependency-inside-level-2-gang",
+        runtime(
+            rj("init"),
+            torch_node(depends=[("init", "Complete")]),
+            scheduling=entries(target("init", schedulingPolicy={"basic": {}}), target("node")),
+        ),
+        runtime(
+            rj("init"),
+            torch_node(depends=[("init", "Complete")]),
+            scheduling=entries(target("init", "node")),
+        ),
+        "spec.scheduling.replicatedJobs[0].targetReplicatedJobs",
+        ErrorType.INVALID,
+        '"node" starts only after "init" is Complete, so their pods never run together and one '
+        'gang would wait forever; give "init" its own replicatedJobs entry (typically basic)',
+    ),
+    Rule(
+        "level-1-split-cannot-share-claims",
+        runtime(
+            rj("init"),
+            torch_node(depends=[("init", "Ready")]),
+            scheduling={"resourceClaims": [{"name": "c", "resourceClaimName": "x"}]},
+        ),
+        runtime(
+            rj("init"),
+            torch_node(depends=[("init", "Complete")]),
+            scheduling={"resourceClaims": [{"name": "c", "resourceClaimName": "x"}]},
+        ),
+        "spec.scheduling.resourceClaims",
+        ErrorType.FORBIDDEN,
+        "a TrainJob-wide claim cannot be shared by them; move the claims into",
+    ),
+    Rule(
+        "one-priority-class-per-group",
+        runtime(
+            rj("init", priority_class="high"), torch_node(priority_class="high"), scheduling={}
+        ),
+        runtime(rj("init", priority_class="low"), torch_node(priority_class="high"), scheduling={}),
+        "spec.scheduling",
+        ErrorType.INVALID,
+        "pods of one PodGroup must share one priorityClassName, but the pod templates differ "
+        "(init=low, node=high)",
+    ),
+    Rule(
+        "one-scheduler-per-group",
+        runtime(rj("init"), torch_node(), scheduling=entries(target("init"), target("node"))),
+        runtime(
+            rj("init", scheduler="volcano"),
+            torch_node(),
+            scheduling=entries(target("init", "node")),
+        ),
+        "spec.scheduling.replicatedJobs[0].targetReplicatedJobs",
+        ErrorType.INVALID,
+        "must share one schedulerName",
+    ),
+    Rule(
+        "group-names-unique",
+        runtime(rj("a"), rj("b"), rj("a-c"), scheduling=entries(target("a", "b"), target("a-c"))),
+        runtime(rj("a"), rj("b"), rj("a-b"), scheduling=entries(target("a", "b"), target("a-b"))),
+        "spec.scheduling.replicatedJobs[1].targetReplicatedJobs",
+        ErrorType.DUPLICATE,
+        'entry 0 already yields the group name "a-b"',
+    ),
+    Rule(
+        "depends-on-existing",
+        runtime(rj("init"), torch_node(depends=[("init", "Ready")]), scheduling={}),
+        runtime(rj("init"), torch_node(depends=[("inti", "Ready")]), scheduling={}),
+        "spec.template.spec.replicatedJobs[1].dependsOn[0].name",
+        ErrorType.NOT_FOUND,
+        '"inti": dependsOn must name a ReplicatedJob of this template',
+    ),
+    Rule(
+        "depends-on-acyclic",
+        runtime(rj("a"), rj("b", depends=[("a", "Ready")]), scheduling={}),
+        runtime(
+            rj("a", depends=[("b", "Ready")]), rj("b", depends=[("a", "Ready")]), scheduling={}
+        ),
+        "spec.template.spec.replicatedJobs[0].dependsOn",
+        ErrorType.INVALID,
+        '["a","b","a"]: dependsOn forms a cycle',
+    ),
+    Rule(
+        "gang-needs-a-pod",
+        runtime(rj("eval", parallelism=0), torch_node(), scheduling={}),
+        runtime(rj("eval", parallelism=0), scheduling={}),
+        "spec.template.spec.replicatedJobs[0]",
+        ErrorType.INVALID,
+        "a gang needs at least one pod, but these ReplicatedJobs run none",
+    ),
+    Rule(
+        "template-needs-replicated-jobs",
+        runtime(rj("a"), scheduling={}),
+        runtime(scheduling={}),
+        "spec.template.spec.replicatedJobs",
+        ErrorType.REQUIRED,
+        "spec.scheduling needs at least one ReplicatedJob",
+    ),
+    Rule(
+        "types-checked",
+        two_jobs(entries(target("node"))),
+        two_jobs({"replicatedJobs": [{"targetReplicatedJobs": "node"}]}),
+        "spec.scheduling.replicatedJobs[0].targetReplicatedJobs",
+        ErrorType.INVALID,
+        '"node": input should be a valid list',
+    ),
+]
+
+
+@pytest.mark.parametrize("rule", RULES, ids=[r.id for r in RULES])
+def test_rule(rule: Rule) -> None:
+    ok = validate_runtime(rule.valid)
+    assert ok.errors == (), [str(e) for e in ok.errors]
+
+    bad = validate_runtime(rule.invalid, rule.old)
+    matching = [e for e in bad.errors if e.path == rule.path and e.type is rule.type]
+    assert matching, [str(e) for e in bad.errors]
+    assert any(rule.message in str(e) for e in matching), [str(e) for e in matching]
+
+
+def test_long_name_allowed_when_the_template_is_untouched() -> None:
+    old = runtime(rj("a" * 21), scheduling={})
+    new = runtime(rj("a" * 21), scheduling={"schedulingPolicy": {"basic": {}}})
+    assert validate_runtime(new, old).errors == ()
+    changed = runtime(rj("a" * 21, parallelism=2), scheduling={})
+    assert validate_runtime(changed, old).errors[0].type is ErrorType.TOO_LONG
+
+
+def test_complete_dependency_inside_basic_entry_is_fine() -> None:
+    rt = runtime(
+        rj("init"),
+        torch_node(depends=[("init", "Complete")]),
+        scheduling=entries(target("init", "node", schedulingPolicy={"basic": {}})),
+    )
+    assert validate_runtime(rt).errors == ()
+
+
+def test_message_reads_like_the_api_server() -> None:
+    bad = validate_runtime(two_jobs(entries(target("init", "nodes"))))
+    assert render("ClusterTrainingRuntime", "rt", bad.errors) == (
+        'ClusterTrainingRuntime "rt" is invalid: '
+        'spec.scheduling.replicatedJobs[0].targetReplicatedJobs[1]: Invalid value: "nodes": '
+        "no ReplicatedJob of that name in spec.template (it has: init, node); fix the name"
+    )
+
+
+def test_runtime_without_scheduling_is_left_alone() -> None:
+    assert validate_runtime(runtime(rj("node"), podGroupPolicy={"volcano": {}})).errors == ()
+
+
+def test_garbage_is_a_field_error_not_a_crash() -> None:
+    garbage: list[Json] = [
+        {},
+        {"spec": []},
+        {"spec": {"scheduling": "yes"}},
+        {"spec": {"template": 3}},
+    ]
+    for raw in garbage:
+        verdict = validate_runtime(raw)
+        assert all(e.path for e in verdict.errors)
+    assert not validate_runtime({"spec": {"scheduling": "yes"}}).allowed
+
+
+# --- warnings ----------------------------------------------------------------------------------
+
+
+def test_untargeted_replicated_job_warns() -> None:
+    rt = runtime(torch_node(), rj("eval"), scheduling=entries(target("node")))
+    verdict = validate_runtime(rt)
+    assert verdict.allowed
+    assert verdict.warnings == (
+        'scheduling: replicatedJob "eval" is not targeted; it gets default scheduling',
+    )
+
+
+def test_unknown_scheduling_fields_warn() -> None:
+    rt = two_jobs({"schedulingPolicies": {"gang": {}}, "replicatedJobs": [target("node", foo=1)]})
+    verdict = validate_runtime(rt)
+    assert verdict.allowed
+    assert "spec.scheduling.schedulingPolicies: unknown field, ignored" in verdict.warnings
+    assert "spec.scheduling.replicatedJobs[0].foo: unknown field, ignored" in verdict.warnings
+
+
+def test_sample_warnings_fit_in_120_characters() -> None:
+    rt = runtime(
+        rj("dataset-initializer"),
+        rj("node", depends=[("dataset-initializer", "Complete")]),
+        rj("launcher", ancestor="trainer", depends=[("node", "Ready")]),
+        ml={"mpi": {}},
+        scheduling=entries(target("launcher", "node")),
+    )
+    verdict = validate_runtime(rt)
+    assert verdict.warnings
+    assert all(len(w) <= 120 for w in verdict.warnings), verdict.warnings
+
+
+# --- TrainJobs ---------------------------------------------------------------------------------
+
+
+def parsed_runtime(raw: Json) -> Runtime:
+    return Runtime.model_validate(raw)
+
+
+GANG = parsed_runtime(runtime(torch_node(), scheduling={}))
+
+
+def test_trainjob_runtime_must_exist() -> None:
+    assert validate_trainjob(trainjob(num_nodes=2), GANG).errors == ()
+    (err,) = validate_trainjob(trainjob(runtime_name="missing"), None).errors
+    assert err.path == "spec.runtimeRef.name" and err.type is ErrorType.NOT_FOUND
+    assert str(err) == (
+        'spec.runtimeRef.name: Not found: "missing": no ClusterTrainingRuntime of that name; '
+        "create the runtime first or fix spec.runtimeRef"
+    )
+    (err,) = validate_trainjob(trainjob(runtime_kind="TrainingRuntime"), None).errors
+    assert 'no TrainingRuntime of that name in namespace "team-a"' in str(err)
+
+
+def test_trainjob_num_nodes_at_least_one_under_a_gang() -> None:
+    assert validate_trainjob(trainjob(num_nodes=1), GANG).errors == ()
+    (err,) = validate_trainjob(trainjob(num_nodes=0), GANG).errors
+    assert err.path == "spec.trainer.numNodes" and err.type is ErrorType.INVALID
+    assert "must be at least 1: the runtime schedules these pods as a gang" in str(err)
+    basic = parsed_runtime(runtime(torch_node(), scheduling={"schedulingPolicy": {"basic": {}}}))
+    assert validate_trainjob(trainjob(num_nodes=0), basic).errors == ()
+    zero_default = parsed_runtime(runtime(torch_node(), scheduling={}, ml={"numNodes": 0}))
+    assert not validate_trainjob(trainjob(), zero_default).allowed
+
+
+def test_trainjob_num_nodes_frozen_while_gang_exists() -> None:
+    old, new = trainjob(num_nodes=4), trainjob(num_nodes=8)
+    assert validate_trainjob(new, GANG, old, gang_exists=False).errors == ()
+    assert validate_trainjob(old, GANG, old, gang_exists=True).errors == ()
+    (err,) = validate_trainjob(new, GANG, old, gang_exists=True).errors
+    assert err.path == "spec.trainer.numNodes" and err.type is ErrorType.FORBIDDEN
+    assert "may not change from 4 to 8 while the TrainJob's gang exists" in str(err)
+
+
+def test_trainjob_with_invalid_runtime_points_at_the_runtime() -> None:
+    broken = parsed_runtime(two_jobs(entries(target("nodes"))))
+    (err,) = validate_trainjob(trainjob(num_nodes=2), broken).errors
+    assert err.path == "spec.runtimeRef.name"
+    assert "the runtime's spec.scheduling is invalid" in str(err) and "fix the runtime" in str(err)
+
+
+def test_trainjob_gets_the_runtime_warnings() -> None:
+    rt = parsed_runtime(runtime(torch_node(), rj("eval"), scheduling=entries(target("node"))))
+    verdict = validate_trainjob(trainjob(num_nodes=2), rt)
+    assert verdict.allowed and len(verdict.warnings) == 1
+
+
+def test_trainjob_garbage_is_a_field_error() -> None:
+    verdict = validate_trainjob({"spec": {"trainer": {"numNodes": "many"}}}, GANG)
+    assert [e.path for e in verdict.errors] == ["spec.trainer.numNodes"]
