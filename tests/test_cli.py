@@ -10,8 +10,7 @@ from typing import Any
 import yaml
 
 from tests.apiserver_rules import objects_errors
-
-SAMPLES = Path(__file__).parent.parent / "webhook" / "samples"
+from tests.paths import SAMPLES
 
 
 def plan(*files: str) -> tuple[int, list[dict[str, Any]], str]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,13 +10,11 @@ import yaml
 
 from tests.apiserver_rules import objects_errors
 from tests.builders import parsed, rj, runtime, torch_node, trainjob
+from tests.paths import FIXTURES, SAMPLES
 from webhook.backends.native import NativeBackend
 from webhook.core.layout import Level
 from webhook.core.plan import Plan, PlanningError, build_plan, pod_group_for_labels
 from webhook.core.trainer import Runtime, TrainJob
-
-SAMPLES = Path(__file__).parent.parent / "webhook" / "samples"
-FIXTURES = Path(__file__).parent.parent.parent / "shared" / "fixtures" / "admission"
 
 
 def plan_of(raw_runtime: dict[str, Any], raw_trainjob: dict[str, Any]) -> Plan:
