@@ -56,8 +56,8 @@ def test_deepspeed_level_two() -> None:
     assert gang["schedulingConstraints"] == {"topology": [{"key": "topology.kubernetes.io/zone"}]}
     assert len(by_kind(objects, "PodGroup")) == 2
     assert err.splitlines() == [
-        'Warning: scheduling: "launcher" starts after "node", so its pods join the gang after '
-        "admission and are not in minCount"
+        'Warning: scheduling: "launcher" starts after "node", so it joins the gang later; '
+        "minCount leaves it out"
     ]
 
 

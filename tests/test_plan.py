@@ -150,7 +150,10 @@ def test_level_one_split_by_complete_dependency() -> None:
     ]
     assert plan.groups[1].template_name == "node-a0cc56a224"
     assert all(g.topology_key == "topology.kubernetes.io/zone" for g in plan.groups)
-    assert any("split into one gang per ReplicatedJob" in w for w in plan.warnings)
+    assert plan.warnings == (
+        'scheduling: gang split per ReplicatedJob: "node" waits for "dataset-initializer" '
+        "to Complete",
+    )
 
 
 def test_level_one_basic_is_not_split() -> None:
@@ -263,7 +266,7 @@ def test_reference_complete_example_renders_exactly() -> None:
         },
     )
     plan = plan_of(rt, trainjob(num_nodes=8, uid="tj-uid"))
-    workload, init_pg, node_pg = NativeBackend().render(plan, workload_uid="wl-uid")
+    workload, init_pg, node_pg = NativeBackend().render(plan, parent_uid="wl-uid")
     owner = {
         "apiVersion": "trainer.kubeflow.org/v1alpha1",
         "kind": "TrainJob",

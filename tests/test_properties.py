@@ -217,7 +217,7 @@ def test_valid_input_plans_to_objects_the_api_accepts(
     _check_plan(plan, raw_runtime)
     # Stable: the same inputs, freshly parsed, give the same plan.
     assert _plan(copy.deepcopy(raw_runtime), copy.deepcopy(raw_trainjob)) == plan
-    objects = NativeBackend().render(plan, workload_uid="00000000-0000-0000-0000-000000000002")
+    objects = NativeBackend().render(plan, parent_uid="00000000-0000-0000-0000-000000000002")
     assert objects_errors(objects) == []
 
 

@@ -409,6 +409,14 @@ RULES = [
         '"inti": dependsOn must name a ReplicatedJob of this template',
     ),
     Rule(
+        "depends-on-status",
+        runtime(rj("init"), torch_node(depends=[("init", "Complete")]), scheduling={}),
+        runtime(rj("init"), torch_node(depends=[("init", "Started")]), scheduling={}),
+        "spec.template.spec.replicatedJobs[1].dependsOn[0].status",
+        ErrorType.NOT_SUPPORTED,
+        'Unsupported value: "Started": supported values: "Ready", "Complete"',
+    ),
+    Rule(
         "depends-on-acyclic",
         runtime(rj("a"), rj("b", depends=[("a", "Ready")]), scheduling={}),
         runtime(
@@ -561,8 +569,23 @@ def test_trainjob_num_nodes_at_least_one_under_a_gang() -> None:
     assert "must be at least 1: the runtime schedules these pods as a gang" in str(err)
     basic = parsed_runtime(runtime(torch_node(), scheduling={"schedulingPolicy": {"basic": {}}}))
     assert validate_trainjob(trainjob(num_nodes=0), basic).errors == ()
+
+
+def test_trainjob_name_must_be_an_rfc1035_label() -> None:
+    assert validate_trainjob(trainjob("j" * 63, num_nodes=1), GANG).errors == ()
+    for bad in ("j" * 64, "0job", "My_Job"):
+        (err,) = validate_trainjob(trainjob(bad, num_nodes=1), GANG).errors
+        assert err.path == "metadata.name" and "RFC 1035 label" in str(err)
+
+
+def test_trainjob_num_nodes_fallback_is_explained() -> None:
     zero_default = parsed_runtime(runtime(torch_node(), scheduling={}, ml={"numNodes": 0}))
-    assert not validate_trainjob(trainjob(), zero_default).allowed
+    (err,) = validate_trainjob(trainjob(), zero_default).errors
+    assert str(err) == (
+        "spec.trainer.numNodes: Invalid value: null: must be at least 1 (unset, so the runtime's "
+        "mlPolicy.numNodes applies): the runtime schedules these pods as a gang, which needs at "
+        "least one pod"
+    )
 
 
 def test_trainjob_num_nodes_frozen_while_gang_exists() -> None:

@@ -85,7 +85,8 @@ def plan_command(paths: Sequence[str], out: TextIO, err: TextIO) -> int:
     for doc in trainjobs:
         trainjob, errs = parse(TrainJob, doc)
         if trainjob is None:
-            ok = _report("TrainJob", _name(doc), Verdict(tuple(errs)), err) and False
+            _report("TrainJob", _name(doc), Verdict(tuple(errs)), err)
+            ok = False
             continue
         runtime = _find_runtime(runtimes, trainjob)
         verdict = check_trainjob(trainjob, runtime)

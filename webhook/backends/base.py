@@ -18,8 +18,8 @@ class GangBackend(Protocol):
 
     name: str
 
-    def render(self, plan: Plan, workload_uid: str | None = None) -> list[JsonObject]:
-        """Every object the plan needs, parents first. `workload_uid`, once known, lets
+    def render(self, plan: Plan, parent_uid: str | None = None) -> list[JsonObject]:
+        """Every object the plan needs, parents first. `parent_uid`, once known, lets
         children point at a parent object created earlier."""
         ...
 

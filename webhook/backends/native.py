@@ -90,12 +90,12 @@ def workload(plan: Plan) -> JsonObject:
     )
 
 
-def pod_group(plan: Plan, group: GroupPlan, workload_uid: str | None = None) -> JsonObject:
+def pod_group(plan: Plan, group: GroupPlan, parent_uid: str | None = None) -> JsonObject:
     owners = _trainjob_owner(plan)
-    if workload_uid:
+    if parent_uid:
         owners.append(
             k8s.V1OwnerReference(
-                api_version=API_VERSION, kind="Workload", name=plan.workload_name, uid=workload_uid
+                api_version=API_VERSION, kind="Workload", name=plan.workload_name, uid=parent_uid
             )
         )
     meta = k8s.V1ObjectMeta(
@@ -118,7 +118,7 @@ def pod_group(plan: Plan, group: GroupPlan, workload_uid: str | None = None) -> 
 class NativeBackend:
     name = "native"
 
-    def render(self, plan: Plan, workload_uid: str | None = None) -> list[JsonObject]:
+    def render(self, plan: Plan, parent_uid: str | None = None) -> list[JsonObject]:
         if not plan.groups:
             return []
-        return [workload(plan), *(pod_group(plan, g, workload_uid) for g in plan.groups)]
+        return [workload(plan), *(pod_group(plan, g, parent_uid) for g in plan.groups)]

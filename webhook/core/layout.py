@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from . import errors as fe
 from .errors import FieldError, Path
-from .graph import IN_ORDER, Ordering, build_edges, find_cycle, ordering
+from .graph import COMPLETE, IN_ORDER, READY, Ordering, build_edges, find_cycle, ordering
 from .trainer import (
     GROUP_SETTING_FIELDS,
     GroupSettings,
@@ -78,22 +78,31 @@ def policy_kind(settings: GroupSettings) -> str:
     return "basic" if sp is not None and sp.basic is not None and sp.gang is None else "gang"
 
 
-def _settings_fields(settings: GroupSettings) -> dict[str, object]:
-    claims = tuple(
-        Claim(c.name or "", c.resource_claim_name, c.resource_claim_template_name)
-        for c in settings.resource_claims or []
-    )
+@dataclass(frozen=True)
+class Settings:
+    """The four group fields of one level, read leniently (validation reports what is off)."""
+
+    policy: str
+    topology_key: str | None
+    disruption_mode: str | None
+    resource_claims: tuple[Claim, ...]
+
+
+def resolve_settings(settings: GroupSettings) -> Settings:
     topology = settings.scheduling_constraints.topology if settings.scheduling_constraints else None
     dm = settings.disruption_mode
     disruption = None
     if dm is not None:
         disruption = "all" if dm.all is not None else "single" if dm.single is not None else None
-    return {
-        "policy": policy_kind(settings),
-        "topology_key": topology[0].key if topology else None,
-        "disruption_mode": disruption,
-        "resource_claims": claims,
-    }
+    return Settings(
+        policy=policy_kind(settings),
+        topology_key=topology[0].key if topology else None,
+        disruption_mode=disruption,
+        resource_claims=tuple(
+            Claim(c.name or "", c.resource_claim_name, c.resource_claim_template_name)
+            for c in settings.resource_claims or []
+        ),
+    )
 
 
 def set_group_fields(settings: GroupSettings) -> list[str]:
@@ -122,27 +131,30 @@ class _Builder:
         where: Path,
         job_index: int | None = None,
     ) -> None:
-        fields = _settings_fields(settings)
+        resolved = resolve_settings(settings)
         deferred: tuple[str, ...] = ()
-        if fields["policy"] == "gang" and len(targets) > 1:
+        if resolved.policy == "gang" and len(targets) > 1:
             members = set(targets)
             deferred = tuple(t for t in targets if self.order.ancestors[t] & members)
             for t in deferred:
                 if self.order.complete_before[t] & members:
                     continue  # rejected as a deadlock instead (_reject_complete_inside)
-                waits = sorted(self.order.ancestors[t] & members)
+                first = sorted(self.order.ancestors[t] & members)[0]
                 self.warnings.append(
-                    f'scheduling: "{t}" starts after {_names(waits)}, so its pods join the gang '
-                    "after admission and are not in minCount"
+                    f'scheduling: "{t}" starts after "{first}", so it joins the gang later; '
+                    "minCount leaves it out"
                 )
         self.groups.append(
             GroupLayout(
                 level=level,
                 targets=targets,
                 job_index=job_index,
+                policy=resolved.policy,
+                topology_key=resolved.topology_key,
+                disruption_mode=resolved.disruption_mode,
+                resource_claims=resolved.resource_claims,
                 priority_class_name=self._common_pod_field(targets, where),
                 deferred=deferred,
-                **fields,  # type: ignore[arg-type]
             )
         )
 
@@ -216,6 +228,14 @@ def resolve_layout(runtime: Runtime) -> Layout | None:
 def _check_dependencies(rj_list: list[ReplicatedJob], b: _Builder) -> None:
     for i, rj in enumerate(rj_list):
         for j, dep in enumerate(rj.depends_on or []):
+            if dep.status not in (READY, COMPLETE):
+                b.errors.append(
+                    fe.not_supported(
+                        REPLICATED_JOBS.index(i).child("dependsOn").index(j).child("status"),
+                        dep.status,
+                        [READY, COMPLETE],
+                    )
+                )
             if dep.name not in b.rjs:
                 b.errors.append(
                     fe.not_found(
@@ -246,8 +266,7 @@ def _level_one(scheduling: GroupSettings, rj_list: list[ReplicatedJob], b: _Buil
     if policy_kind(scheduling) == "gang" and splitters:
         who, waits = splitters[0]
         b.warnings.append(
-            f'scheduling: "{who}" waits for {_names(waits)} to Complete, so the TrainJob '
-            "gang is split into one gang per ReplicatedJob"
+            f'scheduling: gang split per ReplicatedJob: "{who}" waits for "{waits[0]}" to Complete'
         )
         if scheduling.resource_claims:
             b.errors.append(

@@ -111,9 +111,9 @@ def build_plan(trainjob: TrainJob, runtime: Runtime) -> Plan | None:
     groups = tuple(
         _group_plan(g, runtime, trainjob.num_nodes, ns, tj, workload) for g in layout.groups
     )
-    untargeted = tuple(layout.untargeted)
-    warnings = verdict.warnings
-    return Plan(ns, tj, trainjob.metadata.uid, workload, groups, untargeted, warnings)
+    return Plan(
+        ns, tj, trainjob.metadata.uid, workload, groups, layout.untargeted, verdict.warnings
+    )
 
 
 def _template_name(group: GroupLayout, ns: str, tj: str, workload: str) -> str:

@@ -16,7 +16,7 @@ from . import errors as fe
 from .errors import FieldError, Path
 from .layout import REPLICATED_JOBS, SCHEDULING, Layout, resolve_layout
 from .naming import is_dns_label
-from .podcounts import group_size, uses_num_nodes
+from .podcounts import group_size
 from .trainer import CLUSTER_RUNTIME_KIND, GroupSettings, Model, Runtime, Scheduling, TrainJob
 
 MAX_CLAIMS = 4  # MaxPodGroupResourceClaims
@@ -26,6 +26,7 @@ MINCOUNT_FORBIDDEN = "gang.minCount is computed from numNodes and must not be se
 OWNED = "must not be set, it is owned by the TrainJob controller"
 
 _QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_RFC1035 = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 M = TypeVar("M", bound=Model)
@@ -301,13 +302,9 @@ def _empty_gangs(runtime: Runtime, layout: Layout) -> list[FieldError]:
                     where.child("template", "spec", "parallelism"), rj.parallelism, "must be >= 0"
                 )
             )
-    by_name = {rj.name: rj for rj in runtime.replicated_jobs}
     for group in layout.groups:
-        if group.policy != "gang":
-            continue
-        if any(uses_num_nodes(runtime, by_name[t]) for t in group.counted):
-            continue  # sized by numNodes, which the TrainJob check bounds
-        if all(by_name[t].parallelism * by_name[t].replica_count <= 0 for t in group.counted):
+        # With numNodes at its floor of 1: a gang still empty then is empty for every TrainJob.
+        if group.policy == "gang" and group_size(group, runtime, 1).min_count < 1:
             i = next(k for k, rj in enumerate(runtime.replicated_jobs) if rj.name in group.targets)
             errs.append(
                 fe.invalid(
@@ -372,21 +369,34 @@ def check_trainjob(
         detail = f"the runtime's spec.scheduling is invalid ({verdict.errors[0]}); fix the runtime"
         return Verdict((fe.invalid(ref, trainjob.spec.runtime_ref.name, detail),))
 
+    found: list[FieldError] = []
+    name = trainjob.metadata.name
+    if not name or not _RFC1035.match(name):
+        found.append(
+            fe.invalid(
+                Path("metadata", "name"),
+                name,
+                "must be a lower-case RFC 1035 label of at most 63 characters; Workload and "
+                "PodGroup names derive from it",
+            )
+        )
     npath = Path("spec", "trainer", "numNodes")
     num_nodes = trainjob.num_nodes
-    found: list[FieldError] = []
     if num_nodes is not None and num_nodes < 0:
         found.append(fe.invalid(npath, num_nodes, "must be >= 0"))
     elif any(
         group.policy == "gang" and group_size(group, runtime, num_nodes).min_count < 1
         for group in layout.groups
     ):
+        fallback = (
+            " (unset, so the runtime's mlPolicy.numNodes applies)" if num_nodes is None else ""
+        )
         found.append(
             fe.invalid(
                 npath,
                 num_nodes,
-                "must be at least 1: the runtime schedules these pods as a gang, which needs "
-                "at least one pod",
+                f"must be at least 1{fallback}: the runtime schedules these pods as a gang, "
+                "which needs at least one pod",
             )
         )
     if old is not None and gang_exists and old.num_nodes != num_nodes:
