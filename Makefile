@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 SAMPLES := webhook/samples
 
-.PHONY: setup test lint format typecheck unit run plan clean
+.PHONY: setup test lint format typecheck unit run plan bench clean
 
 setup: $(VENV)/.installed
 
@@ -38,6 +38,10 @@ plan: setup
 	$(PY) -m webhook plan -f $(SAMPLES)/torch-100-nodes.trainjob.yaml -f $(SAMPLES)/torch-distributed.runtime.yaml
 	$(PY) -m webhook plan -f $(SAMPLES)/deepspeed-8-nodes.trainjob.yaml -f $(SAMPLES)/deepspeed-distributed.runtime.yaml
 	$(PY) -m webhook plan -f $(SAMPLES)/torch-rack.trainjob.yaml -f $(SAMPLES)/torch-rack.runtime.yaml
+
+## bench: speed and memory figures of the planning core (prints numbers; not a test)
+bench: setup
+	$(PY) -m tests.bench.plan_bench
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis *.egg-info

@@ -107,11 +107,7 @@ def resolve_settings(settings: GroupSettings) -> Settings:
 
 def set_group_fields(settings: GroupSettings) -> list[str]:
     """The JSON names of the group fields an object sets."""
-    return [f for f in GROUP_SETTING_FIELDS if getattr(settings, _snake(f)) is not None]
-
-
-def _snake(name: str) -> str:
-    return "".join(f"_{c.lower()}" if c.isupper() else c for c in name)
+    return [json for json, attr in GROUP_SETTING_FIELDS if getattr(settings, attr) is not None]
 
 
 @dataclass

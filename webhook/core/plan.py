@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 
 from . import naming
 from .errors import FieldError
-from .layout import Claim, GroupLayout, Level
+from .layout import Claim, GroupLayout, Layout, Level
 from .podcounts import group_size
 from .trainer import Runtime, TrainJob
-from .validation import check_trainjob, runtime_layout
+from .validation import Verdict, check_trainjob, runtime_layout
 
 JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
 REPLICATED_JOB_NAME = "jobset.sigs.k8s.io/replicatedjob-name"
@@ -91,12 +91,18 @@ def pod_group_for_labels(plan: Plan, labels: Mapping[str, str]) -> str | None:
     return plan.pod_group_for(rj, int(index))
 
 
-def build_plan(trainjob: TrainJob, runtime: Runtime) -> Plan | None:
+def build_plan(
+    trainjob: TrainJob,
+    runtime: Runtime,
+    checked: tuple[Layout | None, Verdict] | None = None,
+) -> Plan | None:
     """The plan of a TrainJob under its runtime; None when the runtime has no spec.scheduling.
 
     Raises PlanningError exactly when validation rejects the runtime or the TrainJob.
+    `checked`, the runtime's `runtime_layout`, lets callers check a runtime once for all of its
+    TrainJobs.
     """
-    layout, verdict = checked = runtime_layout(runtime)
+    layout, verdict = checked = checked or runtime_layout(runtime)
     if layout is None:
         return None
     if not verdict.allowed:

@@ -76,11 +76,12 @@ class GroupSettings(Model):
     resource_claims: list[ResourceClaim] | None = None
 
 
+# (JSON name, attribute) of the four group fields.
 GROUP_SETTING_FIELDS = (
-    "schedulingPolicy",
-    "schedulingConstraints",
-    "disruptionMode",
-    "resourceClaims",
+    ("schedulingPolicy", "scheduling_policy"),
+    ("schedulingConstraints", "scheduling_constraints"),
+    ("disruptionMode", "disruption_mode"),
+    ("resourceClaims", "resource_claims"),
 )
 
 

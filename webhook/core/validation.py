@@ -186,15 +186,14 @@ def _check_claims(settings: GroupSettings, cpath: Path) -> list[FieldError]:
 def _unknown_fields(model: Model, where: Path) -> list[str]:
     """Warnings for fields of spec.scheduling the service does not know (typos or newer APIs)."""
     found = [f"{where.child(k)}: unknown field, ignored" for k in (model.model_extra or {})]
-    for name in type(model).model_fields:
+    fields = type(model).model_fields
+    for name in model.model_fields_set & fields.keys():
         value = getattr(model, name)
-        alias = type(model).model_fields[name].alias or name
-        if isinstance(value, Model):
-            found += _unknown_fields(value, where.child(alias))
-        elif isinstance(value, list):
-            for i, item in enumerate(value):
-                if isinstance(item, Model):
-                    found += _unknown_fields(item, where.child(alias).index(i))
+        here = where.child(fields[name].alias or name)
+        items = value if isinstance(value, list) else [value]
+        for i, item in enumerate(items):
+            if isinstance(item, Model):
+                found += _unknown_fields(item, here.index(i) if value is items else here)
     return found
 
 
