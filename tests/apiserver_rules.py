@@ -53,8 +53,8 @@ def _group_errors(where: str, g: dict[str, Any]) -> list[str]:
         errs.append(f"{where}.schedulingPolicy: exactly one of basic/gang")
     elif policy and "gang" in policy:
         mc = policy["gang"].get("minCount")
-        if not isinstance(mc, int) or mc < 1:
-            errs.append(f"{where}.schedulingPolicy.gang.minCount: must be >= 1, got {mc}")
+        if not isinstance(mc, int) or not 1 <= mc <= 2**31 - 1:
+            errs.append(f"{where}.schedulingPolicy.gang.minCount: must be an int32 >= 1, got {mc}")
     topology = (g.get("schedulingConstraints") or {}).get("topology") or []
     if len(topology) > 1:
         errs.append(f"{where}.schedulingConstraints.topology: at most 1")

@@ -56,8 +56,8 @@ def test_deepspeed_level_two() -> None:
     assert gang["schedulingConstraints"] == {"topology": [{"key": "topology.kubernetes.io/zone"}]}
     assert len(by_kind(objects, "PodGroup")) == 2
     assert err.splitlines() == [
-        'Warning: scheduling: "launcher" starts after "node", so it joins the gang later; '
-        "minCount leaves it out"
+        'Warning: scheduling: "launcher" starts after "node": it joins its gang later, '
+        "outside minCount"
     ]
 
 
@@ -102,3 +102,18 @@ def test_unreadable_input_is_a_usage_error(tmp_path: Path) -> None:
     bad.write_text("kind: [unclosed\n")
     code, _, err = plan(str(bad))
     assert code == 2 and "is not valid YAML" in err and "Traceback" not in err
+
+
+def test_trainjob_of_an_unreadable_runtime_says_so(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(
+        "apiVersion: trainer.kubeflow.org/v1alpha1\nkind: ClusterTrainingRuntime\n"
+        "metadata: {name: torch-distributed}\nspec: {scheduling: {}, template: 3}\n"
+    )
+    code, objects, err = plan("torch-100-nodes.trainjob.yaml", str(broken))
+    assert code == 1 and objects == []
+    assert "spec.template: Invalid value: 3: must be an object" in err
+    assert (
+        'spec.runtimeRef.name: Invalid value: "torch-distributed": the ClusterTrainingRuntime in '
+        "the given files is invalid (see above); fix it first"
+    ) in err

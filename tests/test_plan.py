@@ -118,6 +118,14 @@ def test_deepspeed_run_launcher_as_node_ready_dependency(num_nodes: int, node_po
     assert any('"launcher" starts after "node"' in w for w in plan.warnings)
 
 
+def test_without_ml_policy_every_job_uses_its_parallelism() -> None:
+    # was-api.md section 3: rule 1 (numNodes) needs an mlPolicy; otherwise rule 3 applies.
+    rt = runtime(torch_node(parallelism=4), scheduling={})
+    del rt["spec"]["mlPolicy"]
+    assert plan_of(rt, trainjob(num_nodes=8)).groups[0].min_count == 4
+    assert plan_of(rt, trainjob()).groups[0].min_count == 4
+
+
 def test_numnodes_falls_back_to_the_runtime() -> None:
     rt = runtime(torch_node(), scheduling={}, ml={"numNodes": 3, "torch": {}})
     assert plan_of(rt, trainjob()).groups[0].min_count == 3

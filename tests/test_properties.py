@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 from typing import Any
 
 from hypothesis import HealthCheck, assume, event, given, settings
@@ -20,6 +21,7 @@ from tests.builders import Json, rj
 from webhook.backends.native import NativeBackend
 from webhook.core.naming import is_dns_label
 from webhook.core.plan import Plan, PlanningError, build_plan
+from webhook.core.podcounts import pod_counts
 from webhook.core.trainer import Runtime, TrainJob
 from webhook.core.validation import validate_runtime, validate_trainjob
 
@@ -73,7 +75,7 @@ def group_settings(draw: st.DrawFn, sloppy: bool) -> Json:
 
 @st.composite
 def runtimes(draw: st.DrawFn, sloppy: bool = True) -> Json:
-    names = draw(st.lists(st.sampled_from(RJ_NAMES), min_size=1, max_size=5, unique=True))
+    names = draw(st.lists(st.sampled_from(RJ_NAMES), min_size=1, max_size=6, unique=True))
     mpi = draw(st.booleans())
     if mpi and draw(st.booleans()):
         names = list(dict.fromkeys(["launcher", "node", *names]))
@@ -81,10 +83,12 @@ def runtimes(draw: st.DrawFn, sloppy: bool = True) -> Json:
     for i, name in enumerate(names):
         deps: list[tuple[str, str]] = []
         candidates = names if sloppy else names[:i]  # later names may make cycles
-        if candidates and draw(st.integers(0, 2)) == 0:
+        if candidates:
             deps = [
                 (draw(st.sampled_from(candidates)), draw(st.sampled_from(["Ready", "Complete"])))
+                for _ in range(draw(st.sampled_from([0, 0, 1, 1, 2])))
             ]
+            deps = list(dict(deps).items())  # one edge per prerequisite
         jobs.append(
             rj(
                 name,
@@ -107,7 +111,7 @@ def runtimes(draw: st.DrawFn, sloppy: bool = True) -> Json:
     if level == "one":
         spec["scheduling"] = draw(group_settings(sloppy))
     elif level == "entries":
-        pool = list(names)
+        pool = list(draw(st.permutations(names)))
         entries: list[Json] = []
         while pool and (not entries or draw(st.booleans())):
             k = draw(st.integers(1, min(3, len(pool))))
@@ -167,6 +171,7 @@ def test_validation_and_planning_agree_and_never_crash(
     tj_verdict = validate_trainjob(raw_trainjob, runtime)
     valid = verdict.allowed and tj_verdict.allowed
     event(f"valid={valid}")
+    assert all(len(w) <= 120 for w in verdict.warnings), verdict.warnings
     try:
         plan = _plan(raw_runtime, raw_trainjob)
     except PlanningError as exc:
@@ -175,6 +180,42 @@ def test_validation_and_planning_agree_and_never_crash(
         return
     assert valid, [str(e) for e in verdict.errors + tj_verdict.errors]
     assert (plan is None) == ("scheduling" not in raw_runtime["spec"])
+    if plan is not None:
+        _check_plan(plan, raw_runtime)
+        num_nodes = (raw_trainjob["spec"].get("trainer") or {}).get("numNodes")
+        if all(n > 0 for n in pod_counts(runtime, num_nodes).values()):
+            assert _never_runs(plan, raw_runtime, num_nodes) == set()
+
+
+def _never_runs(plan: Plan, raw_runtime: Json, num_nodes: int | None) -> set[str]:
+    """Plays JobSet and kube-scheduler forward, apart from the planner's own reasoning: a Job's
+    pods are created once all its prerequisites run; a gang is admitted once at least minCount
+    of its pods exist; a pod of a gang runs once its gang is admitted. Returns what never runs."""
+    jobset = raw_runtime["spec"]["template"]["spec"]
+    jobs = jobset["replicatedJobs"]
+    prereqs = {j["name"]: {d["name"] for d in j.get("dependsOn", [])} for j in jobs}
+    if (jobset.get("startupPolicy") or {}).get("startupPolicyOrder") == "InOrder":
+        for before, after in itertools.pairwise(jobs):
+            prereqs[after["name"]].add(before["name"])
+    runtime = Runtime.model_validate(raw_runtime)
+    pods = pod_counts(runtime, num_nodes)
+    running: set[str] = set()
+    while True:
+        created = {name for name, deps in prereqs.items() if deps <= running}
+        blocked: set[str] = set()
+        for g in plan.groups:
+            if g.policy != "gang":
+                continue
+            if g.job_index is not None:  # one Job of the target
+                existing = g.pod_count if g.replicated_jobs[0] in created else 0
+            else:
+                existing = sum(pods[m] for m in g.replicated_jobs if m in created)
+            if existing < (g.min_count or 0):
+                blocked.update(g.replicated_jobs)
+        now = created - blocked
+        if now == running:
+            return set(prereqs) - running
+        running = now
 
 
 def _check_plan(plan: Plan, raw_runtime: Json) -> None:
@@ -215,6 +256,9 @@ def test_valid_input_plans_to_objects_the_api_accepts(
     assert plan is not None
     event(f"levels={sorted({g.level.name for g in plan.groups})}")
     _check_plan(plan, raw_runtime)
+    # No deadlock: every ReplicatedJob eventually runs.
+    num_nodes = (raw_trainjob["spec"].get("trainer") or {}).get("numNodes")
+    assert _never_runs(plan, raw_runtime, num_nodes) == set()
     # Stable: the same inputs, freshly parsed, give the same plan.
     assert _plan(copy.deepcopy(raw_runtime), copy.deepcopy(raw_trainjob)) == plan
     objects = NativeBackend().render(plan, parent_uid="00000000-0000-0000-0000-000000000002")
@@ -262,3 +306,44 @@ def test_garbage_scheduling_never_crashes(raw_runtime: Json, junk: Any, raw_trai
             plan = _plan(raw_runtime, raw_trainjob)
             if plan is not None:
                 _check_plan(plan, raw_runtime)
+
+
+@st.composite
+def gang_pipelines(draw: st.DrawFn) -> Json:
+    """Runtimes of gang entries whose members wait on other entries' members: where deadlocks
+    between gangs hide. dependsOn points backwards only (acyclic) and across groups."""
+    names = draw(st.lists(st.sampled_from(RJ_NAMES[:8]), min_size=2, max_size=6, unique=True))
+    count = draw(st.sampled_from([2, 2, 3]))
+    group_of = {n: draw(st.integers(0, count - 1)) for n in names}
+    jobs = []
+    for i, name in enumerate(names):
+        others = [d for d in names[:i] if group_of[d] != group_of[name]]
+        deps = draw(st.lists(st.sampled_from(others), max_size=1)) if others else []
+        status = draw(st.sampled_from(["Ready", "Complete"]))
+        jobs.append(
+            rj(name, parallelism=draw(st.integers(1, 3)), depends=[(d, status) for d in deps])
+        )
+    groups = [[n for n in names if group_of[n] == g] for g in range(count)]
+    return {
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "ClusterTrainingRuntime",
+        "metadata": {"name": "generated"},
+        "spec": {
+            "mlPolicy": {"numNodes": 1, "torch": {}},
+            "scheduling": {"replicatedJobs": [{"targetReplicatedJobs": g} for g in groups if g]},
+            "template": {"spec": {"replicatedJobs": jobs}},
+        },
+    }
+
+
+@settings(max_examples=400, deadline=None)
+@given(gang_pipelines())
+def test_gangs_that_validate_never_wait_on_each_other(raw_runtime: Json) -> None:
+    verdict = validate_runtime(raw_runtime)
+    stuck = any("could never start" in str(e) for e in verdict.errors)
+    event("rejected: gangs wait on each other" if stuck else f"valid={verdict.allowed}")
+    if verdict.allowed:
+        raw_trainjob = {"metadata": {"name": "job"}, "spec": {"runtimeRef": {"name": "generated"}}}
+        plan = _plan(raw_runtime, raw_trainjob)
+        assert plan is not None
+        assert _never_runs(plan, raw_runtime, None) == set()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +39,17 @@ class Rule:
     type: ErrorType
     message: str
     old: Json | None = None
+
+
+def in_order(raw: Json) -> Json:
+    raw["spec"]["template"]["spec"]["startupPolicy"] = {"startupPolicyOrder": "InOrder"}
+    return raw
+
+
+def with_preemption(raw: Json, index: int, policy: str) -> Json:
+    pod = raw["spec"]["template"]["spec"]["replicatedJobs"][index]["template"]["spec"]["template"]
+    pod["spec"]["preemptionPolicy"] = policy
+    return raw
 
 
 def with_jobset_scheduling(raw: Json) -> Json:
@@ -393,6 +407,56 @@ RULES = [
         "must share one schedulerName",
     ),
     Rule(
+        "one-preemption-policy-per-group",
+        runtime(rj("init"), torch_node(), scheduling={}),
+        runtime(rj("init"), torch_node(), scheduling={}),  # preemptionPolicy set below
+        "spec.scheduling",
+        ErrorType.INVALID,
+        "must share one preemptionPolicy, but the pod templates differ (init=Never, node=(unset))",
+    ),
+    Rule(
+        "gangs-must-not-wait-on-each-other",
+        # [a, b] needs b, b waits for c; [c, d] needs d, d waits for a: neither gang can start.
+        runtime(
+            rj("a"),
+            rj("b", depends=[("c", "Ready")]),
+            rj("c"),
+            rj("d", depends=[("a", "Ready")]),
+            scheduling=entries(target("a", "b", "c", "d")),
+        ),
+        runtime(
+            rj("a"),
+            rj("b", depends=[("c", "Ready")]),
+            rj("c"),
+            rj("d", depends=[("a", "Ready")]),
+            scheduling=entries(target("a", "b"), target("c", "d")),
+        ),
+        "spec.scheduling.replicatedJobs",
+        ErrorType.INVALID,
+        '["a","b","c","d"]: these ReplicatedJobs could never start: each waits, through '
+        "dependsOn, for a gang that itself waits for one of them",
+    ),
+    Rule(
+        "gangs-must-not-wait-on-each-other-complete",
+        runtime(
+            rj("a"),
+            rj("b"),
+            rj("c", depends=[("b", "Complete")]),
+            rj("d", depends=[("a", "Complete")]),
+            scheduling=entries(target("b"), target("c"), target("a"), target("d")),
+        ),
+        runtime(
+            rj("a"),
+            rj("b"),
+            rj("c", depends=[("b", "Complete")]),
+            rj("d", depends=[("a", "Complete")]),
+            scheduling=entries(target("c", "a"), target("b", "d")),
+        ),
+        "spec.scheduling.replicatedJobs",
+        ErrorType.INVALID,
+        "these ReplicatedJobs could never start",
+    ),
+    Rule(
         "group-names-unique",
         runtime(rj("a"), rj("b"), rj("a-c"), scheduling=entries(target("a", "b"), target("a-c"))),
         runtime(rj("a"), rj("b"), rj("a-b"), scheduling=entries(target("a", "b"), target("a-b"))),
@@ -417,6 +481,23 @@ RULES = [
         'Unsupported value: "Started": supported values: "Ready", "Complete"',
     ),
     Rule(
+        "depends-on-not-self",
+        runtime(rj("init"), torch_node(depends=[("init", "Ready")]), scheduling={}),
+        runtime(rj("init"), torch_node(depends=[("node", "Ready")]), scheduling={}),
+        "spec.template.spec.replicatedJobs[1].dependsOn[0].name",
+        ErrorType.INVALID,
+        '"node": a ReplicatedJob cannot depend on itself',
+    ),
+    Rule(
+        "depends-on-acyclic-with-in-order",
+        in_order(runtime(rj("a"), rj("b", depends=[("a", "Ready")]), scheduling={})),
+        in_order(runtime(rj("a", depends=[("b", "Ready")]), rj("b"), scheduling={})),
+        "spec.template.spec.replicatedJobs[0].dependsOn",
+        ErrorType.INVALID,
+        "dependsOn forms a cycle, so none of these Jobs could ever start; remove one edge (InOrder "
+        "startup also makes each wait for the one before it)",
+    ),
+    Rule(
         "depends-on-acyclic",
         runtime(rj("a"), rj("b", depends=[("a", "Ready")]), scheduling={}),
         runtime(
@@ -435,6 +516,14 @@ RULES = [
         "a gang needs at least one pod, but these ReplicatedJobs run none",
     ),
     Rule(
+        "group-fits-int32",
+        runtime(rj("eval", parallelism=2**30, replicas=1), scheduling={}),
+        runtime(rj("eval", parallelism=2**31 - 1, replicas=2), scheduling={}),
+        "spec.template.spec.replicatedJobs[0]",
+        ErrorType.INVALID,
+        "these ReplicatedJobs run 4294967294 pods in one group, more than a PodGroup can count",
+    ),
+    Rule(
         "template-needs-replicated-jobs",
         runtime(rj("a"), scheduling={}),
         runtime(scheduling={}),
@@ -448,9 +537,14 @@ RULES = [
         two_jobs({"replicatedJobs": [{"targetReplicatedJobs": "node"}]}),
         "spec.scheduling.replicatedJobs[0].targetReplicatedJobs",
         ErrorType.INVALID,
-        '"node": input should be a valid list',
+        '"node": must be a list',
     ),
 ]
+
+
+_preempt = next(r for r in RULES if r.id == "one-preemption-policy-per-group")
+with_preemption(with_preemption(_preempt.valid, 0, "Never"), 1, "Never")
+with_preemption(_preempt.invalid, 0, "Never")
 
 
 @pytest.mark.parametrize("rule", RULES, ids=[r.id for r in RULES])
@@ -519,6 +613,35 @@ def test_untargeted_replicated_job_warns() -> None:
     )
 
 
+def test_unknown_field_warnings_keep_their_order_across_processes() -> None:
+    code = (
+        "from webhook.core.validation import validate_runtime as v;"
+        "from tests.test_validation import UNKNOWN_FIELDS as r;"
+        "print(v(r).warnings)"
+    )
+    outputs = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "PYTHONHASHSEED": seed},
+        ).stdout
+        for seed in ("1", "2", "3")
+    }
+    assert len(outputs) == 1 and "zz" in outputs.pop()
+
+
+UNKNOWN_FIELDS = two_jobs(
+    {
+        "zz": 1,
+        "schedulingPolicy": {"gang": {}, "yy": 1},
+        "disruptionMode": {"all": {}, "xx": 1},
+        "schedulingConstraints": {"topology": [{"key": "k", "ww": 1}]},
+    }
+)
+
+
 def test_unknown_scheduling_fields_warn() -> None:
     rt = two_jobs({"schedulingPolicies": {"gang": {}}, "replicatedJobs": [target("node", foo=1)]})
     verdict = validate_runtime(rt)
@@ -550,6 +673,90 @@ def parsed_runtime(raw: Json) -> Runtime:
 GANG = parsed_runtime(runtime(torch_node(), scheduling={}))
 
 
+def test_gang_with_other_pods_still_needs_a_training_node() -> None:
+    level_one = parsed_runtime(runtime(rj("init"), torch_node(), scheduling={}))
+    (err,) = validate_trainjob(trainjob(num_nodes=0), level_one).errors
+    assert err.path == "spec.trainer.numNodes"
+    mpi = parsed_runtime(
+        runtime(
+            rj("launcher", ancestor="trainer"),
+            rj("node"),
+            ml={"mpi": {"runLauncherAsNode": True}},
+            scheduling=entries(target("launcher", "node")),
+        )
+    )
+    (err,) = validate_trainjob(trainjob(num_nodes=0), mpi).errors
+    assert err.path == "spec.trainer.numNodes"
+    # The trainer outside any gang: numNodes 0 is the Trainer's business, not a gang's.
+    basic_trainer = parsed_runtime(
+        runtime(
+            rj("init"),
+            torch_node(),
+            scheduling=entries(target("init"), target("node", schedulingPolicy={"basic": {}})),
+        )
+    )
+    assert validate_trainjob(trainjob(num_nodes=0), basic_trainer).errors == ()
+
+
+def test_trainjob_num_nodes_must_fit_int32() -> None:
+    rt = parsed_runtime(runtime(rj("init"), torch_node(), scheduling={}))
+    assert validate_trainjob(trainjob(num_nodes=2**31 - 2), rt).errors == ()
+    (err,) = validate_trainjob(trainjob(num_nodes=2**31 - 1), rt).errors
+    assert err.path == "spec.trainer.numNodes"
+    assert "a group would hold 2147483648 pods, more than a PodGroup can count" in str(err)
+
+
+def test_stored_runtime_with_long_names_still_serves_its_trainjobs() -> None:
+    # Accepted before the 20-character rule (or via a scheduling-only update): rule 8(g) applies
+    # to template changes only, so its TrainJobs are judged and planned as usual.
+    rt = parsed_runtime(runtime(rj("node-with-a-long-name", ancestor="trainer"), scheduling={}))
+    assert validate_trainjob(trainjob(num_nodes=2), rt).errors == ()
+
+
+def test_trainjob_update_is_not_blocked_by_its_runtime() -> None:
+    old = trainjob(num_nodes=4)
+    suspended = trainjob(num_nodes=4)
+    suspended["spec"]["suspend"] = True
+    assert validate_trainjob(suspended, None, old, gang_exists=True).errors == ()
+    broken = parsed_runtime(two_jobs(entries(target("nodes"))))
+    assert validate_trainjob(suspended, broken, old, gang_exists=True).errors == ()
+    (err,) = validate_trainjob(trainjob(num_nodes=5), None, old, gang_exists=True).errors
+    assert err.type is ErrorType.FORBIDDEN
+
+
+def test_template_cap_message_fits_the_level() -> None:
+    split = runtime(
+        rj("init"),
+        *(rj(f"job{i}", depends=[("init", "Complete")]) for i in range(8)),
+        scheduling={},
+    )
+    (err,) = [e for e in validate_runtime(split).errors if e.type is ErrorType.TOO_MANY]
+    assert err.path == "spec.scheduling"
+    assert "splits into 9 gangs, one per ReplicatedJob (a Complete dependency)" in str(err)
+    nine_entries = runtime(
+        *_many_rjs(9), scheduling=entries(*(target(f"job{i}") for i in range(9)))
+    )
+    assert [e.type for e in validate_runtime(nine_entries).errors] == [ErrorType.TOO_MANY]
+
+
+def test_empty_priority_class_is_unset() -> None:
+    rt = runtime(rj("init", priority_class=""), torch_node(), scheduling={})
+    assert validate_runtime(rt).errors == ()
+
+
+def test_parse_errors_are_worded_for_people() -> None:
+    (missing,) = validate_runtime(runtime({"template": {}}, scheduling={})).errors
+    assert str(missing) == (
+        "spec.template.spec.replicatedJobs[0].name: Required value: this field is required"
+    )
+    (shape,) = validate_runtime(
+        two_jobs({"schedulingConstraints": {"topology": {"key": "z"}}})
+    ).errors
+    assert str(shape) == (
+        'spec.scheduling.schedulingConstraints.topology: Invalid value: {"key":"z"}: must be a list'
+    )
+
+
 def test_trainjob_runtime_must_exist() -> None:
     assert validate_trainjob(trainjob(num_nodes=2), GANG).errors == ()
     (err,) = validate_trainjob(trainjob(runtime_name="missing"), None).errors
@@ -566,7 +773,7 @@ def test_trainjob_num_nodes_at_least_one_under_a_gang() -> None:
     assert validate_trainjob(trainjob(num_nodes=1), GANG).errors == ()
     (err,) = validate_trainjob(trainjob(num_nodes=0), GANG).errors
     assert err.path == "spec.trainer.numNodes" and err.type is ErrorType.INVALID
-    assert "must be at least 1: the runtime schedules these pods as a gang" in str(err)
+    assert "must be at least 1: the runtime schedules the training nodes as a gang" in str(err)
     basic = parsed_runtime(runtime(torch_node(), scheduling={"schedulingPolicy": {"basic": {}}}))
     assert validate_trainjob(trainjob(num_nodes=0), basic).errors == ()
 
@@ -583,8 +790,8 @@ def test_trainjob_num_nodes_fallback_is_explained() -> None:
     (err,) = validate_trainjob(trainjob(), zero_default).errors
     assert str(err) == (
         "spec.trainer.numNodes: Invalid value: null: must be at least 1 (unset, so the runtime's "
-        "mlPolicy.numNodes applies): the runtime schedules these pods as a gang, which needs at "
-        "least one pod"
+        "mlPolicy.numNodes applies): the runtime schedules the training nodes as a gang, which "
+        "needs at least one pod"
     )
 
 
@@ -601,7 +808,8 @@ def test_trainjob_with_invalid_runtime_points_at_the_runtime() -> None:
     broken = parsed_runtime(two_jobs(entries(target("nodes"))))
     (err,) = validate_trainjob(trainjob(num_nodes=2), broken).errors
     assert err.path == "spec.runtimeRef.name"
-    assert "the runtime's spec.scheduling is invalid" in str(err) and "fix the runtime" in str(err)
+    assert "the ClusterTrainingRuntime is invalid (spec.scheduling" in str(err)
+    assert str(err).endswith("; fix the runtime")
 
 
 def test_trainjob_gets_the_runtime_warnings() -> None:

@@ -9,6 +9,8 @@ from typing import Any, TextIO
 
 import yaml
 
+from .core import errors as fe
+from .core.errors import Path
 from .core.trainer import NAMESPACED_RUNTIME_KIND, RUNTIME_KINDS, Runtime, TrainJob
 from .core.validation import Verdict, check_trainjob, parse, runtime_layout
 
@@ -52,46 +54,58 @@ def _report(kind: str, name: str, verdict: Verdict, err: TextIO) -> bool:
     return verdict.allowed
 
 
-def _find_runtime(runtimes: dict[tuple[str, str, str], Runtime], tj: TrainJob) -> Runtime | None:
-    ns = tj.namespace if tj.runtime_kind == NAMESPACED_RUNTIME_KIND else ""
-    return runtimes.get((tj.runtime_kind, ns, tj.spec.runtime_ref.name or ""))
+RuntimeKey = tuple[str, str, str]  # kind, namespace ("" when cluster-scoped), name
+
+
+def _runtime_key(kind: str, namespace: str | None, name: str | None) -> RuntimeKey:
+    ns = (namespace or "default") if kind == NAMESPACED_RUNTIME_KIND else ""
+    return (kind, ns, name or "")
 
 
 def plan_command(paths: Sequence[str], out: TextIO, err: TextIO) -> int:
     """Prints the objects each TrainJob in the files would get; field errors exit non-zero."""
     from .backends.native import NativeBackend  # the Kubernetes client is slow to import
+    from .core.plan import build_plan
 
     docs = _load(paths)
-    ok = True
-    runtimes: dict[tuple[str, str, str], Runtime] = {}
-    for doc in docs:
-        if doc["kind"] not in RUNTIME_KINDS:
-            continue
-        runtime, errs = parse(Runtime, doc)
-        verdict = Verdict(tuple(errs)) if runtime is None else runtime_layout(runtime)[1]
-        ok = _report(doc["kind"], _name(doc), verdict, err) and ok
-        if runtime is not None:  # kept when invalid, so its TrainJobs say why
-            namespaced = doc["kind"] == NAMESPACED_RUNTIME_KIND
-            ns = (runtime.metadata.namespace or "default") if namespaced else ""
-            runtimes[(doc["kind"], ns, runtime.metadata.name or "")] = runtime
-
-    trainjobs = [d for d in docs if d["kind"] == "TrainJob"]
     unknown = {d["kind"] for d in docs} - {"TrainJob", *RUNTIME_KINDS}
     if unknown:
         raise UsageError(f"unexpected kinds {sorted(unknown)}: give TrainJobs and runtimes")
-    from .core.plan import build_plan
+    ok = True
+    runtimes: dict[RuntimeKey, Runtime] = {}
+    unreadable: set[RuntimeKey] = set()
+    for doc in (d for d in docs if d["kind"] in RUNTIME_KINDS):
+        runtime, errs = parse(Runtime, doc)
+        verdict = Verdict(tuple(errs)) if runtime is None else runtime_layout(runtime)[1]
+        ok = _report(doc["kind"], _name(doc), verdict, err) and ok
+        meta = doc.get("metadata")
+        namespace = meta.get("namespace") if isinstance(meta, dict) else None
+        key = _runtime_key(doc["kind"], namespace, _name(doc))
+        if runtime is None:
+            unreadable.add(key)
+        else:  # kept when invalid, so its TrainJobs say why
+            runtimes[key] = runtime
 
     rendered: list[dict[str, Any]] = []
-    for doc in trainjobs:
+    for doc in (d for d in docs if d["kind"] == "TrainJob"):
         trainjob, errs = parse(TrainJob, doc)
         if trainjob is None:
             _report("TrainJob", _name(doc), Verdict(tuple(errs)), err)
             ok = False
             continue
-        runtime = _find_runtime(runtimes, trainjob)
-        verdict = check_trainjob(trainjob, runtime)
+        ref = trainjob.spec.runtime_ref
+        key = _runtime_key(trainjob.runtime_kind, trainjob.namespace, ref.name)
+        if key in unreadable:
+            detail = f"the {key[0]} in the given files is invalid (see above); fix it first"
+            error = fe.invalid(Path("spec", "runtimeRef", "name"), ref.name, detail)
+            _report("TrainJob", _name(doc), Verdict((error,)), err)
+            ok = False
+            continue
+        runtime = runtimes.get(key)
         # Runtime warnings were printed with the runtime already.
-        if not _report("TrainJob", _name(doc), Verdict(verdict.errors), err):
+        if not _report(
+            "TrainJob", _name(doc), Verdict(check_trainjob(trainjob, runtime).errors), err
+        ):
             ok = False
             continue
         assert runtime is not None

@@ -58,7 +58,7 @@ def import_cost(module: str) -> float:
 def bench_case(case: str, runtime_file: str, trainjob_file: str) -> None:
     raw_rt, raw_tj = load(runtime_file), load(trainjob_file)
     rt, tj = Runtime.model_validate(raw_rt), TrainJob.model_validate(raw_tj)
-    checked = runtime_layout(rt)
+    checked = runtime_layout(rt, stored=True)
     plan = build_plan(tj, rt)
     assert plan is not None
     group = plan.groups[-1]

@@ -105,3 +105,29 @@ def ordering(edges: Mapping[str, list[Edge]]) -> Ordering:
         ancestors={k: frozenset(v) for k, v in ancestors.items()},
         complete_before={k: frozenset(v) for k, v in complete.items()},
     )
+
+
+def never_started(
+    edges: Mapping[str, list[Edge]], gangs: list[tuple[frozenset[str], frozenset[str]]]
+) -> frozenset[str]:
+    """ReplicatedJobs that could never start, found by playing JobSet and the gangs forward.
+
+    A ReplicatedJob's pods are created once every prerequisite runs; a gang (members, counted)
+    is admitted once the pods of all its counted members exist; a member of a gang runs only once
+    its gang is admitted. Whatever is not running when nothing changes any more waits forever:
+    gangs that wait on each other through dependsOn, or a dependency cycle.
+    """
+    gangs_of: dict[str, list[frozenset[str]]] = {name: [] for name in edges}
+    for members, counted in gangs:
+        for name in members:
+            gangs_of.setdefault(name, []).append(counted)
+    running: set[str] = set()
+    changed = True
+    while changed:
+        changed = False
+        created = {n for n, deps in edges.items() if all(e.prerequisite in running for e in deps)}
+        for name in created - running:
+            if all(counted <= created for counted in gangs_of.get(name, [])):
+                running.add(name)
+                changed = True
+    return frozenset(edges.keys() - running)

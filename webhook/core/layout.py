@@ -13,7 +13,17 @@ from dataclasses import dataclass, field
 
 from . import errors as fe
 from .errors import FieldError, Path
-from .graph import COMPLETE, IN_ORDER, READY, Ordering, build_edges, find_cycle, ordering
+from .graph import (
+    COMPLETE,
+    IN_ORDER,
+    READY,
+    Edge,
+    Ordering,
+    build_edges,
+    find_cycle,
+    never_started,
+    ordering,
+)
 from .trainer import (
     GROUP_SETTING_FIELDS,
     GroupSettings,
@@ -114,6 +124,7 @@ def set_group_fields(settings: GroupSettings) -> list[str]:
 class _Builder:
     runtime: Runtime
     rjs: dict[str, ReplicatedJob]
+    edges: dict[str, list[Edge]]
     order: Ordering
     groups: list[GroupLayout] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
@@ -137,8 +148,8 @@ class _Builder:
                     continue  # rejected as a deadlock instead (_reject_complete_inside)
                 first = sorted(self.order.ancestors[t] & members)[0]
                 self.warnings.append(
-                    f'scheduling: "{t}" starts after "{first}", so it joins the gang later; '
-                    "minCount leaves it out"
+                    f'scheduling: "{t}" starts after "{first}": it joins its gang later, '
+                    "outside minCount"
                 )
         self.groups.append(
             GroupLayout(
@@ -155,12 +166,15 @@ class _Builder:
         )
 
     def _common_pod_field(self, targets: tuple[str, ...], where: Path) -> str | None:
-        """Pods of one PodGroup must share scheduler and priority; return that priority class."""
-        classes = {t: self.rjs[t].pod_spec.priority_class_name for t in targets}
-        schedulers = {
-            t: self.rjs[t].pod_spec.scheduler_name or "default-scheduler" for t in targets
+        """Pods of one PodGroup must share scheduler, priority and preemption policy (KEP-5710);
+        returns their priority class, which the template copies."""
+        specs = {t: self.rjs[t].pod_spec for t in targets}
+        fields: dict[str, dict[str, str | None]] = {
+            "priorityClassName": {t: s.priority_class_name or None for t, s in specs.items()},
+            "schedulerName": {t: s.scheduler_name or "default-scheduler" for t, s in specs.items()},
+            "preemptionPolicy": {t: s.preemption_policy or None for t, s in specs.items()},
         }
-        for what, values in (("priorityClassName", classes), ("schedulerName", schedulers)):
+        for what, values in fields.items():
             if len(set(values.values())) > 1:
                 shown = ", ".join(f"{t}={v or '(unset)'}" for t, v in values.items())
                 self.errors.append(
@@ -172,7 +186,7 @@ class _Builder:
                         "separate replicatedJobs entries",
                     )
                 )
-        return next(iter(classes.values()), None)
+        return next(iter(fields["priorityClassName"].values()), None)
 
 
 def _names(names: list[str]) -> str:
@@ -190,8 +204,8 @@ def resolve_layout(runtime: Runtime) -> Layout | None:
     edges = build_edges(
         rj_list, in_order=bool(startup and startup.startup_policy_order == IN_ORDER)
     )
-    b = _Builder(runtime, rjs, ordering(edges))
-    _check_dependencies(rj_list, b)
+    b = _Builder(runtime, rjs, edges, ordering(edges))
+    has_cycle = _check_dependencies(rj_list, b)
     if not rj_list:
         b.errors.append(
             fe.required(
@@ -206,22 +220,31 @@ def resolve_layout(runtime: Runtime) -> Layout | None:
     else:
         untargeted = _entries(scheduling, rj_list, b)
 
+    entries = scheduling.replicated_jobs
+    where = SCHEDULING.child("replicatedJobs") if entries is not None else SCHEDULING
     count = len(b.groups)
-    if count > MAX_TEMPLATES:
-        where = SCHEDULING.child("replicatedJobs") if scheduling.replicated_jobs else SCHEDULING
+    if count > MAX_TEMPLATES and len(entries or []) <= MAX_ENTRIES:
+        if entries is None:
+            why = f"splits into {count} gangs, one per ReplicatedJob (a Complete dependency)"
+            fix = "use replicatedJobs entries to group them instead"
+        else:
+            why = f"resolves to {count} PodGroup templates (a job entry makes one per replica)"
+            fix = "target fewer replicas with job entries or merge entries"
         b.errors.append(
             fe.too_many(
                 where,
                 count,
                 MAX_TEMPLATES,
-                f"this runtime resolves to {count} PodGroup templates (a level-3 entry makes one "
-                "per replica) and a Workload holds at most 8; target fewer replicas per entry",
+                f"this runtime {why}; a Workload holds at most 8: {fix}",
             )
         )
+    if not has_cycle:
+        _check_progress(b, where)
     return Layout(tuple(b.groups), untargeted, tuple(b.warnings), tuple(b.errors))
 
 
-def _check_dependencies(rj_list: list[ReplicatedJob], b: _Builder) -> None:
+def _check_dependencies(rj_list: list[ReplicatedJob], b: _Builder) -> bool:
+    """Reports broken dependsOn entries; True when they form a cycle."""
     for i, rj in enumerate(rj_list):
         for j, dep in enumerate(rj.depends_on or []):
             if dep.status not in (READY, COMPLETE):
@@ -240,14 +263,47 @@ def _check_dependencies(rj_list: list[ReplicatedJob], b: _Builder) -> None:
                         "dependsOn must name a ReplicatedJob of this template",
                     )
                 )
-    cycle = find_cycle(build_edges(rj_list, in_order=False))
+            elif dep.name == rj.name:
+                b.errors.append(
+                    fe.invalid(
+                        REPLICATED_JOBS.index(i).child("dependsOn").index(j).child("name"),
+                        dep.name,
+                        "a ReplicatedJob cannot depend on itself; remove this dependsOn entry",
+                    )
+                )
+    cycle = find_cycle(b.edges)
+    startup = b.runtime.spec.template.spec.startup_policy
+    in_order = bool(startup and startup.startup_policy_order == IN_ORDER)
     if cycle:
         i = next(k for k, rj in enumerate(rj_list) if rj.name == cycle[0])
         b.errors.append(
             fe.invalid(
                 REPLICATED_JOBS.index(i).child("dependsOn"),
                 cycle,
-                "dependsOn forms a cycle, so none of these Jobs could ever start; remove one edge",
+                "dependsOn forms a cycle, so none of these Jobs could ever start; remove one "
+                "edge"
+                + (
+                    " (InOrder startup also makes each wait for the one before it)"
+                    if in_order
+                    else ""
+                ),
+            )
+        )
+    return bool(cycle)
+
+
+def _check_progress(b: _Builder, where: Path) -> None:
+    """Gangs that wait on each other through dependsOn would hold their pods forever."""
+    gangs = [(frozenset(g.targets), frozenset(g.counted)) for g in b.groups if g.policy == "gang"]
+    stuck = never_started(b.edges, gangs)
+    if stuck:
+        b.errors.append(
+            fe.invalid(
+                where,
+                sorted(stuck),
+                "these ReplicatedJobs could never start: each waits, through dependsOn, for a "
+                "gang that itself waits for one of them; put them in one replicatedJobs entry "
+                "or remove a dependsOn",
             )
         )
 

@@ -99,10 +99,10 @@ def build_plan(
     """The plan of a TrainJob under its runtime; None when the runtime has no spec.scheduling.
 
     Raises PlanningError exactly when validation rejects the runtime or the TrainJob.
-    `checked`, the runtime's `runtime_layout`, lets callers check a runtime once for all of its
-    TrainJobs.
+    `checked`, the runtime's `runtime_layout(runtime, stored=True)`, lets callers check a
+    runtime once for all of its TrainJobs.
     """
-    layout, verdict = checked = checked or runtime_layout(runtime)
+    layout, verdict = checked = checked or runtime_layout(runtime, stored=True)
     if layout is None:
         return None
     if not verdict.allowed:

@@ -23,9 +23,11 @@ def effective_num_nodes(runtime: Runtime, trainjob_num_nodes: int | None) -> int
 
 
 def uses_num_nodes(runtime: Runtime, rj: ReplicatedJob) -> bool:
-    """Whether Trainer sizes this ReplicatedJob from numNodes."""
+    """Whether Trainer sizes this ReplicatedJob from numNodes (only with an mlPolicy)."""
     ml = runtime.spec.ml_policy
-    if ml is not None and ml.mpi is not None:
+    if ml is None:
+        return False
+    if ml.mpi is not None:
         return rj.name == MPI_NODE
     return rj.ancestor == ANCESTOR_TRAINER
 
@@ -41,7 +43,7 @@ def pods_per_job(runtime: Runtime, rj: ReplicatedJob, trainjob_num_nodes: int | 
             nodes = effective_num_nodes(runtime, trainjob_num_nodes)
             return max(nodes - 1, 1) if ml.mpi.run_launcher_as_node else nodes
         return rj.parallelism
-    if rj.ancestor == ANCESTOR_TRAINER:
+    if uses_num_nodes(runtime, rj):
         return effective_num_nodes(runtime, trainjob_num_nodes)
     return rj.parallelism
 

@@ -109,6 +109,7 @@ class DependsOn(Model):
 class PodSpec(Model):
     scheduler_name: str | None = None
     priority_class_name: str | None = None
+    preemption_policy: str | None = None
     scheduling_group: Any = None
 
 

@@ -5,6 +5,7 @@ Every message says what is wrong and what to do about it: admins read them at `k
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -16,12 +17,13 @@ from . import errors as fe
 from .errors import FieldError, Path
 from .layout import REPLICATED_JOBS, SCHEDULING, Layout, resolve_layout
 from .naming import is_dns_label
-from .podcounts import group_size
+from .podcounts import effective_num_nodes, group_size, uses_num_nodes
 from .trainer import CLUSTER_RUNTIME_KIND, GroupSettings, Model, Runtime, Scheduling, TrainJob
 
 MAX_CLAIMS = 4  # MaxPodGroupResourceClaims
 MAX_TOPOLOGY = 1
 MAX_RJ_NAME = 20  # Trainer v2.4 (#4391)
+MAX_INT32 = 2**31 - 1  # gang.minCount is an int32
 MINCOUNT_FORBIDDEN = "gang.minCount is computed from numNodes and must not be set"
 OWNED = "must not be set, it is owned by the TrainJob controller"
 
@@ -45,6 +47,19 @@ class Verdict:
 # --- parsing -----------------------------------------------------------------------------------
 
 
+_TYPE_MESSAGES = {
+    "model_type": "must be an object",
+    "dict_type": "must be an object",
+    "list_type": "must be a list",
+    "string_type": "must be a string",
+    "int_type": "must be an integer",
+    "int_parsing": "must be an integer",
+    "int_from_float": "must be an integer",
+    "bool_type": "must be true or false",
+    "bool_parsing": "must be true or false",
+}
+
+
 def parse(model: type[M], raw: Mapping[str, Any]) -> tuple[M | None, list[FieldError]]:
     """The typed object, or the field errors that stop it from being one."""
     try:
@@ -55,10 +70,21 @@ def parse(model: type[M], raw: Mapping[str, Any]) -> tuple[M | None, list[FieldE
             path = Path()
             for part in err["loc"]:
                 path = path.index(part) if isinstance(part, int) else path.child(str(part))
-            value = err.get("input")
-            shown = value if isinstance(value, str | int | float | bool) or value is None else None
-            found.append(fe.invalid(path, shown, err["msg"].lower()))
+            if err["type"] == "missing":
+                found.append(fe.required(path, "this field is required"))
+                continue
+            detail = _TYPE_MESSAGES.get(err["type"], err["msg"])
+            found.append(fe.invalid(path, _shown(err.get("input")), detail))
         return None, found
+
+
+def _shown(value: Any) -> Any:
+    """The offending value as the message shows it, cut short when it is large."""
+    try:
+        text = json.dumps(value, separators=(",", ":"), sort_keys=True)
+    except (TypeError, ValueError):
+        return repr(value)[:80]
+    return value if len(text) <= 80 else text[:77] + "..."
 
 
 # --- field checks ------------------------------------------------------------------------------
@@ -187,7 +213,7 @@ def _unknown_fields(model: Model, where: Path) -> list[str]:
     """Warnings for fields of spec.scheduling the service does not know (typos or newer APIs)."""
     found = [f"{where.child(k)}: unknown field, ignored" for k in (model.model_extra or {})]
     fields = type(model).model_fields
-    for name in model.model_fields_set & fields.keys():
+    for name in (n for n in fields if n in model.model_fields_set):  # declared order: stable
         value = getattr(model, name)
         here = where.child(fields[name].alias or name)
         items = value if isinstance(value, list) else [value]
@@ -200,11 +226,19 @@ def _unknown_fields(model: Model, where: Path) -> list[str]:
 # --- runtimes ----------------------------------------------------------------------------------
 
 
-def runtime_layout(runtime: Runtime, old: Runtime | None = None) -> tuple[Layout | None, Verdict]:
-    """All rules for a parsed runtime, with the layout they were checked against."""
+def runtime_layout(
+    runtime: Runtime, old: Runtime | None = None, stored: bool = False
+) -> tuple[Layout | None, Verdict]:
+    """All rules for a parsed runtime, with the layout they were checked against.
+
+    `old` is the runtime an update replaces; `stored` judges a runtime already in the cluster,
+    whose template was accepted before (rule 8(g) only applies to template changes).
+    """
     errs: list[FieldError] = []
     warnings: list[str] = []
-    template_changed = old is None or old.spec.template.dump() != runtime.spec.template.dump()
+    template_changed = not stored and (
+        old is None or old.spec.template.dump() != runtime.spec.template.dump()
+    )
     seen: set[str] = set()
     for i, rj in enumerate(runtime.replicated_jobs):
         npath = REPLICATED_JOBS.index(i).child("name")
@@ -303,7 +337,18 @@ def _empty_gangs(runtime: Runtime, layout: Layout) -> list[FieldError]:
             )
     for group in layout.groups:
         # With numNodes at its floor of 1: a gang still empty then is empty for every TrainJob.
-        if group.policy == "gang" and group_size(group, runtime, 1).min_count < 1:
+        size = group_size(group, runtime, 1)
+        if size.pods > MAX_INT32:
+            i = next(k for k, rj in enumerate(runtime.replicated_jobs) if rj.name in group.targets)
+            errs.append(
+                fe.invalid(
+                    REPLICATED_JOBS.index(i),
+                    list(group.targets),
+                    f"these ReplicatedJobs run {size.pods} pods in one group, more than a "
+                    f"PodGroup can count ({MAX_INT32}); lower replicas or parallelism",
+                )
+            )
+        if group.policy == "gang" and group.counted and size.min_count < 1:  # none: a cycle
             i = next(k for k, rj in enumerate(runtime.replicated_jobs) if rj.name in group.targets)
             errs.append(
                 fe.invalid(
@@ -348,9 +393,27 @@ def check_trainjob(
     gang_exists: bool = False,
     checked: tuple[Layout | None, Verdict] | None = None,
 ) -> Verdict:
-    """`validate_trainjob` on parsed objects; `checked` reuses a `runtime_layout` result."""
+    """`validate_trainjob` on parsed objects; `checked` reuses the runtime's
+    `runtime_layout(runtime, stored=True)`.
+
+    On update the runtime is not judged again: it may have been deleted or edited since the
+    TrainJob was created, and that must not block suspend/resume or metadata changes.
+    """
+    found: list[FieldError] = []
+    npath = Path("spec", "trainer", "numNodes")
+    num_nodes = trainjob.num_nodes
+    if old is not None and gang_exists and old.num_nodes != num_nodes:
+        found.append(
+            fe.forbidden(
+                npath,
+                f"may not change from {old.num_nodes} to {num_nodes} while the TrainJob's "
+                "gang exists; delete and recreate the TrainJob instead",
+            )
+        )
     ref = Path("spec", "runtimeRef", "name")
     if runtime is None:
+        if old is not None:
+            return Verdict(tuple(found))
         where = (
             ""
             if trainjob.runtime_kind == CLUSTER_RUNTIME_KIND
@@ -362,13 +425,14 @@ def check_trainjob(
         )
         return Verdict((fe.not_found(ref, trainjob.spec.runtime_ref.name, detail),))
     if runtime.spec.scheduling is None:
-        return Verdict()
-    layout, verdict = checked or runtime_layout(runtime)
+        return Verdict(tuple(found))
+    layout, verdict = checked or runtime_layout(runtime, stored=True)
     if not verdict.allowed or layout is None:
-        detail = f"the runtime's spec.scheduling is invalid ({verdict.errors[0]}); fix the runtime"
+        if old is not None:
+            return Verdict(tuple(found))
+        detail = f"the {runtime.kind} is invalid ({verdict.errors[0]}); fix the runtime"
         return Verdict((fe.invalid(ref, trainjob.spec.runtime_ref.name, detail),))
 
-    found: list[FieldError] = []
     name = trainjob.metadata.name
     if not name or not _RFC1035.match(name):
         found.append(
@@ -379,31 +443,38 @@ def check_trainjob(
                 "PodGroup names derive from it",
             )
         )
+    found += _num_nodes_errors(trainjob, runtime, layout)
+    return Verdict(tuple(found), verdict.warnings)
+
+
+def _num_nodes_errors(trainjob: TrainJob, runtime: Runtime, layout: Layout) -> list[FieldError]:
     npath = Path("spec", "trainer", "numNodes")
     num_nodes = trainjob.num_nodes
     if num_nodes is not None and num_nodes < 0:
-        found.append(fe.invalid(npath, num_nodes, "must be >= 0"))
-    elif any(
-        group.policy == "gang" and group_size(group, runtime, num_nodes).min_count < 1
-        for group in layout.groups
+        return [fe.invalid(npath, num_nodes, "must be >= 0")]
+    fallback = " (unset, so the runtime's mlPolicy.numNodes applies)" if num_nodes is None else ""
+    by_name = {rj.name: rj for rj in runtime.replicated_jobs}
+    gangs = [g for g in layout.groups if g.policy == "gang"]
+    sized = any(uses_num_nodes(runtime, by_name[t]) for g in gangs for t in g.targets)
+    if (sized and effective_num_nodes(runtime, num_nodes) < 1) or any(
+        group_size(g, runtime, num_nodes).min_count < 1 for g in gangs
     ):
-        fallback = (
-            " (unset, so the runtime's mlPolicy.numNodes applies)" if num_nodes is None else ""
-        )
-        found.append(
+        return [
             fe.invalid(
                 npath,
                 num_nodes,
-                f"must be at least 1{fallback}: the runtime schedules these pods as a gang, "
-                "which needs at least one pod",
+                f"must be at least 1{fallback}: the runtime schedules the training nodes as a "
+                "gang, which needs at least one pod",
             )
-        )
-    if old is not None and gang_exists and old.num_nodes != num_nodes:
-        found.append(
-            fe.forbidden(
+        ]
+    biggest = max((group_size(g, runtime, num_nodes).pods for g in layout.groups), default=0)
+    if biggest > MAX_INT32:
+        return [
+            fe.invalid(
                 npath,
-                f"may not change from {old.num_nodes} to {num_nodes} while the TrainJob's "
-                "gang exists; delete and recreate the TrainJob instead",
+                num_nodes,
+                f"too large: a group would hold {biggest} pods, more than a PodGroup can count "
+                f"({MAX_INT32})",
             )
-        )
-    return Verdict(tuple(found), verdict.warnings)
+        ]
+    return []
