@@ -396,3 +396,28 @@ def test_captured_runtimes_plan(runtime_fixture: str) -> None:
     plan = build_plan(tj, rt)
     assert plan is not None and plan.groups
     assert objects_errors(NativeBackend().render(plan)) == []
+
+
+TRAINER_MODELS: dict[str, type[TrainJob] | type[Runtime]] = {
+    "TrainJob": TrainJob,
+    "ClusterTrainingRuntime": Runtime,
+    "TrainingRuntime": Runtime,
+}
+TRAINER_OBJECTS = [
+    (path.name, obj)
+    for path in sorted(FIXTURES.glob("*.json"))
+    for review in [json.loads(path.read_text())["request"]]
+    if review["kind"]["kind"] in TRAINER_MODELS
+    for obj in (review["object"], review["oldObject"])
+    if obj is not None
+]
+
+
+def test_fixtures_hold_trainer_objects() -> None:
+    assert len(TRAINER_OBJECTS) >= 30
+
+
+@pytest.mark.parametrize(("fixture", "obj"), TRAINER_OBJECTS, ids=[f for f, _ in TRAINER_OBJECTS])
+def test_models_round_trip_captured_objects_without_loss(fixture: str, obj: dict[str, Any]) -> None:
+    # A newer Trainer (or Kubernetes) must not lose data through the service's models.
+    assert TRAINER_MODELS[obj["kind"]].model_validate(obj).dump() == obj
