@@ -11,8 +11,9 @@ import yaml
 
 from .core import errors as fe
 from .core.errors import Path
+from .core.fields import parse
 from .core.trainer import NAMESPACED_RUNTIME_KIND, RUNTIME_KINDS, Runtime, TrainJob
-from .core.validation import Verdict, check_trainjob, parse, runtime_layout
+from .core.validation import Verdict, check_trainjob, runtime_layout
 
 EXIT_INVALID = 1
 EXIT_USAGE = 2

@@ -13,17 +13,8 @@ from dataclasses import dataclass, field
 
 from . import errors as fe
 from .errors import FieldError, Path
-from .graph import (
-    COMPLETE,
-    IN_ORDER,
-    READY,
-    Edge,
-    Ordering,
-    build_edges,
-    find_cycle,
-    never_started,
-    ordering,
-)
+from .graph import IN_ORDER, Ordering, build_edges, ordering
+from .startup import REPLICATED_JOBS, dependency_errors, progress_errors
 from .trainer import (
     GROUP_SETTING_FIELDS,
     GroupSettings,
@@ -38,7 +29,6 @@ MAX_TARGETS = 8
 MAX_ENTRIES = 8
 
 SCHEDULING = Path("spec", "scheduling")
-REPLICATED_JOBS = Path("spec", "template", "spec", "replicatedJobs")
 
 
 class Level(enum.Enum):
@@ -124,7 +114,6 @@ def set_group_fields(settings: GroupSettings) -> list[str]:
 class _Builder:
     runtime: Runtime
     rjs: dict[str, ReplicatedJob]
-    edges: dict[str, list[Edge]]
     order: Ordering
     groups: list[GroupLayout] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
@@ -201,11 +190,11 @@ def resolve_layout(runtime: Runtime) -> Layout | None:
     rj_list = runtime.replicated_jobs
     rjs = {rj.name: rj for rj in rj_list}
     startup = runtime.spec.template.spec.startup_policy
-    edges = build_edges(
-        rj_list, in_order=bool(startup and startup.startup_policy_order == IN_ORDER)
-    )
-    b = _Builder(runtime, rjs, edges, ordering(edges))
-    has_cycle = _check_dependencies(rj_list, b)
+    in_order = bool(startup and startup.startup_policy_order == IN_ORDER)
+    edges = build_edges(rj_list, in_order)
+    b = _Builder(runtime, rjs, ordering(edges))
+    dependency_problems, has_cycle = dependency_errors(rj_list, edges, in_order)
+    b.errors += dependency_problems
     if not rj_list:
         b.errors.append(
             fe.required(
@@ -239,73 +228,11 @@ def resolve_layout(runtime: Runtime) -> Layout | None:
             )
         )
     if not has_cycle:
-        _check_progress(b, where)
+        gangs = [
+            (frozenset(g.targets), frozenset(g.counted)) for g in b.groups if g.policy == "gang"
+        ]
+        b.errors += progress_errors(edges, gangs, where)
     return Layout(tuple(b.groups), untargeted, tuple(b.warnings), tuple(b.errors))
-
-
-def _check_dependencies(rj_list: list[ReplicatedJob], b: _Builder) -> bool:
-    """Reports broken dependsOn entries; True when they form a cycle."""
-    for i, rj in enumerate(rj_list):
-        for j, dep in enumerate(rj.depends_on or []):
-            if dep.status not in (READY, COMPLETE):
-                b.errors.append(
-                    fe.not_supported(
-                        REPLICATED_JOBS.index(i).child("dependsOn").index(j).child("status"),
-                        dep.status,
-                        [READY, COMPLETE],
-                    )
-                )
-            if dep.name not in b.rjs:
-                b.errors.append(
-                    fe.not_found(
-                        REPLICATED_JOBS.index(i).child("dependsOn").index(j).child("name"),
-                        dep.name,
-                        "dependsOn must name a ReplicatedJob of this template",
-                    )
-                )
-            elif dep.name == rj.name:
-                b.errors.append(
-                    fe.invalid(
-                        REPLICATED_JOBS.index(i).child("dependsOn").index(j).child("name"),
-                        dep.name,
-                        "a ReplicatedJob cannot depend on itself; remove this dependsOn entry",
-                    )
-                )
-    cycle = find_cycle(b.edges)
-    startup = b.runtime.spec.template.spec.startup_policy
-    in_order = bool(startup and startup.startup_policy_order == IN_ORDER)
-    if cycle:
-        i = next(k for k, rj in enumerate(rj_list) if rj.name == cycle[0])
-        b.errors.append(
-            fe.invalid(
-                REPLICATED_JOBS.index(i).child("dependsOn"),
-                cycle,
-                "dependsOn forms a cycle, so none of these Jobs could ever start; remove one "
-                "edge"
-                + (
-                    " (InOrder startup also makes each wait for the one before it)"
-                    if in_order
-                    else ""
-                ),
-            )
-        )
-    return bool(cycle)
-
-
-def _check_progress(b: _Builder, where: Path) -> None:
-    """Gangs that wait on each other through dependsOn would hold their pods forever."""
-    gangs = [(frozenset(g.targets), frozenset(g.counted)) for g in b.groups if g.policy == "gang"]
-    stuck = never_started(b.edges, gangs)
-    if stuck:
-        b.errors.append(
-            fe.invalid(
-                where,
-                sorted(stuck),
-                "these ReplicatedJobs could never start: each waits, through dependsOn, for a "
-                "gang that itself waits for one of them; put them in one replicatedJobs entry "
-                "or remove a dependsOn",
-            )
-        )
 
 
 def _level_one(scheduling: GroupSettings, rj_list: list[ReplicatedJob], b: _Builder) -> None:
