@@ -27,7 +27,7 @@ def schema_errors(obj: dict[str, Any]) -> list[str]:
     return []
 
 
-def _dns_label(v: Any) -> bool:
+def dns_label(v: Any) -> bool:
     return isinstance(v, str) and len(v) <= 63 and bool(_LABEL.match(v))
 
 
@@ -67,7 +67,7 @@ def _group_errors(where: str, g: dict[str, Any]) -> list[str]:
     if len(claims) > 4:
         errs.append(f"{where}.resourceClaims: at most 4")
     names = [c.get("name") for c in claims]
-    if len(set(names)) != len(names) or not all(_dns_label(n) for n in names):
+    if len(set(names)) != len(names) or not all(dns_label(n) for n in names):
         errs.append(f"{where}.resourceClaims: names must be unique DNS labels: {names}")
     for c in claims:
         if not _one_of(c, ("resourceClaimName", "resourceClaimTemplateName")):
@@ -95,7 +95,7 @@ def workload_errors(w: dict[str, Any]) -> list[str]:
     if len(set(names)) != len(names):
         errs.append(f"podGroupTemplates: duplicate names {names}")
     for i, t in enumerate(templates):
-        if not _dns_label(t.get("name")):
+        if not dns_label(t.get("name")):
             errs.append(f"podGroupTemplates[{i}].name {t.get('name')!r} is not a DNS label")
         errs += _group_errors(f"podGroupTemplates[{i}]", t)
     return errs

@@ -74,3 +74,13 @@ def test_pod_group_name_hashes_when_too_long() -> None:
 def test_is_dns_label(value: str, ok: bool) -> None:
     assert naming.is_dns_label(value) is ok
     assert naming.is_dns_label("a" * 64) is False
+
+
+def test_names_at_the_63_character_boundary_are_pinned() -> None:
+    # Golden values: pods of running TrainJobs point at these names, so they must never change.
+    assert naming.workload_name("ns", "j" * 52) == "j" * 52 + "-94a1d23ff9"  # exactly 63: kept
+    assert naming.workload_name("ns", "j" * 53) == "j" * 52 + "-8f13915712"  # 64: prefix cut
+    fits = "t" * 47  # 47 + 1 + 15 = 63
+    assert naming.pod_group_name(fits, "node-d1c371e3b1") == fits + "-node-d1c371e3b1"
+    assert naming.pod_group_name(fits + "x", "node-d1c371e3b1") == fits + "x-1db2e9842e"
+    assert naming.pod_group_name("a" * 60, "node-d1c371e3b1") == "a" * 52 + "-6fb260aae8"

@@ -12,7 +12,7 @@ from tests.apiserver_rules import objects_errors
 from tests.builders import parsed, rj, runtime, torch_node, trainjob
 from tests.paths import FIXTURES, SAMPLES
 from webhook.backends.native import NativeBackend
-from webhook.core.layout import Level
+from webhook.core.layout import GroupKind
 from webhook.core.plan import Plan, PlanningError, build_plan, pod_group_for_labels
 from webhook.core.trainer import Runtime, TrainJob
 
@@ -40,7 +40,7 @@ def fixture_object(name: str) -> dict[str, Any]:
 def test_torch_level_one_gang_of_100() -> None:
     plan = plan_of(runtime(torch_node(), scheduling={}), trainjob(num_nodes=100))
     (group,) = plan.groups
-    assert group.level is Level.TRAINJOB
+    assert group.kind is GroupKind.TRAINJOB
     assert (group.policy, group.min_count, group.pod_count) == ("gang", 100, 100)
     assert group.template_name == group.pod_group_name == plan.workload_name == "my-job-f438be8c51"
 
@@ -56,8 +56,9 @@ def test_mpi_launcher_and_node_without_dependency_count_both() -> None:
     assert (group.min_count, group.pod_count, group.joins_later) == (51, 51, ())
 
 
-def test_torchtune_initializers_basic_node_gang() -> None:
-    rt = runtime(
+def torchtune(node_entry: dict[str, Any]) -> dict[str, Any]:
+    """Initializers as one basic entry; `node` (waiting for both to Complete) as another."""
+    return runtime(
         rj("dataset-initializer", ancestor="dataset-initializer"),
         rj("model-initializer", ancestor="model-initializer"),
         torch_node(
@@ -69,10 +70,14 @@ def test_torchtune_initializers_basic_node_gang() -> None:
                     "targetReplicatedJobs": ["dataset-initializer", "model-initializer"],
                     "schedulingPolicy": {"basic": {}},
                 },
-                {"targetReplicatedJobs": ["node"], "schedulingPolicy": {"gang": {}}},
+                {"targetReplicatedJobs": ["node"], **node_entry},
             ]
         },
     )
+
+
+def test_torchtune_initializers_basic_node_gang() -> None:
+    rt = torchtune({"schedulingPolicy": {"gang": {}}})
     init, node = plan_of(rt, trainjob(num_nodes=8)).groups
     assert (init.policy, init.min_count, init.pod_count) == ("basic", None, 2)
     assert (node.policy, node.min_count) == ("gang", 8)
@@ -126,6 +131,29 @@ def test_without_ml_policy_every_job_uses_its_parallelism() -> None:
     assert plan_of(rt, trainjob()).groups[0].min_count == 4
 
 
+def test_mpi_launcher_is_one_pod_whatever_its_template_says() -> None:
+    rt = runtime(
+        rj("launcher", ancestor="trainer", parallelism=3),
+        rj("node", parallelism=5),
+        ml={"mpi": {}},
+        scheduling={"replicatedJobs": [{"targetReplicatedJobs": ["launcher", "node"]}]},
+    )
+    (group,) = plan_of(rt, trainjob(num_nodes=6)).groups
+    assert (group.min_count, group.pod_count) == (7, 7)  # 1 launcher + 6 nodes
+
+
+def test_ml_policy_without_num_nodes_means_one_node() -> None:
+    rt = runtime(torch_node(), rj("init", parallelism=2), scheduling={}, ml={"torch": {}})
+    assert plan_of(rt, trainjob()).groups[0].min_count == 1 + 2
+
+
+def test_trainjob_without_namespace_is_named_in_default() -> None:
+    tj = trainjob()
+    del tj["metadata"]["namespace"]
+    plan = plan_of(runtime(torch_node(), scheduling={}), tj)
+    assert (plan.namespace, plan.workload_name) == ("default", "my-job-4b4041aa94")
+
+
 def test_numnodes_falls_back_to_the_runtime() -> None:
     rt = runtime(torch_node(), scheduling={}, ml={"numNodes": 3, "torch": {}})
     assert plan_of(rt, trainjob()).groups[0].min_count == 3
@@ -152,9 +180,9 @@ def test_level_one_split_by_complete_dependency() -> None:
         },
     )
     plan = plan_of(rt, trainjob(num_nodes=5))
-    assert [(g.level, g.replicated_jobs, g.min_count) for g in plan.groups] == [
-        (Level.SPLIT, ("dataset-initializer",), 1),
-        (Level.SPLIT, ("node",), 5),
+    assert [(g.kind, g.replicated_jobs, g.min_count) for g in plan.groups] == [
+        (GroupKind.SPLIT, ("dataset-initializer",), 1),
+        (GroupKind.SPLIT, ("node",), 5),
     ]
     assert plan.groups[1].template_name == "node-a0cc56a224"
     assert all(g.topology_key == "topology.kubernetes.io/zone" for g in plan.groups)
@@ -171,7 +199,7 @@ def test_level_one_basic_is_not_split() -> None:
         scheduling={"schedulingPolicy": {"basic": {}}},
     )
     (group,) = plan_of(rt, trainjob(num_nodes=5)).groups
-    assert (group.level, group.min_count, group.pod_count) == (Level.TRAINJOB, None, 6)
+    assert (group.kind, group.min_count, group.pod_count) == (GroupKind.TRAINJOB, None, 6)
 
 
 def test_in_order_startup_counts_as_ready_chain() -> None:
@@ -253,25 +281,11 @@ def test_fixture_pod_from_job_controller_gets_the_level_one_group() -> None:
 
 def test_reference_complete_example_renders_exactly() -> None:
     # was-api.md section 1.8: initializers basic, node gang with a zone constraint, numNodes 8.
-    rt = runtime(
-        rj("dataset-initializer", ancestor="dataset-initializer"),
-        rj("model-initializer", ancestor="model-initializer"),
-        torch_node(
-            depends=[("dataset-initializer", "Complete"), ("model-initializer", "Complete")]
-        ),
-        scheduling={
-            "replicatedJobs": [
-                {
-                    "targetReplicatedJobs": ["dataset-initializer", "model-initializer"],
-                    "schedulingPolicy": {"basic": {}},
-                },
-                {
-                    "targetReplicatedJobs": ["node"],
-                    "schedulingPolicy": {"gang": {}},
-                    "schedulingConstraints": {"topology": [{"key": "topology.kubernetes.io/zone"}]},
-                },
-            ]
-        },
+    rt = torchtune(
+        {
+            "schedulingPolicy": {"gang": {}},
+            "schedulingConstraints": {"topology": [{"key": "topology.kubernetes.io/zone"}]},
+        }
     )
     plan = plan_of(rt, trainjob(num_nodes=8, uid="tj-uid"))
     workload, init_pg, node_pg = NativeBackend().render(plan, parent_uid="wl-uid")
@@ -346,6 +360,13 @@ def test_reference_complete_example_renders_exactly() -> None:
     assert objects_errors([workload, init_pg, node_pg]) == []
 
 
+def test_single_disruption_mode_renders_as_single() -> None:
+    rt = runtime(torch_node(), scheduling={"disruptionMode": {"single": {}}})
+    objects = NativeBackend().render(plan_of(rt, trainjob(num_nodes=2)))
+    assert objects[0]["spec"]["podGroupTemplates"][0]["disruptionMode"] == {"single": {}}
+    assert objects[1]["spec"]["disruptionMode"] == {"single": {}}
+
+
 def test_all_group_fields_render_and_validate() -> None:
     settings = {
         "schedulingPolicy": {"gang": {}},
@@ -380,21 +401,38 @@ def test_samples_render_objects_the_api_accepts(trainjob_file: str, runtime_file
 
 
 @pytest.mark.parametrize(
-    "runtime_fixture",
+    ("runtime_fixture", "expected"),
     [
-        "clustertrainingruntime-create-level1.validate.json",
-        "clustertrainingruntime-create-level2.validate.json",
-        "clustertrainingruntime-create-level3-server-side-apply.validate.json",
-        "clustertrainingruntime-update-apply.validate.json",
-        "clustertrainingruntime-update-server-side-apply.validate.json",
-        "trainingruntime-create.validate.json",
+        # TrainJob my-job, numNodes 100, against each captured runtime: (policy, minCount, topology)
+        ("clustertrainingruntime-create-level1.validate.json", [("gang", 100, None)]),
+        (
+            # deepspeed: runLauncherAsNode, launcher waits for node Ready -> node pods only
+            "clustertrainingruntime-create-level2.validate.json",
+            [("basic", None, None), ("gang", 99, "topology.kubernetes.io/zone")],
+        ),
+        (
+            "clustertrainingruntime-create-level3-server-side-apply.validate.json",
+            [("gang", 100, "topology.kubernetes.io/rack")] * 2,
+        ),
+        (
+            "clustertrainingruntime-update-apply.validate.json",
+            [("gang", 100, "topology.kubernetes.io/zone")],
+        ),
+        (
+            "clustertrainingruntime-update-server-side-apply.validate.json",
+            [("gang", 100, "topology.kubernetes.io/zone")],
+        ),
+        ("trainingruntime-create.validate.json", [("gang", 100, "topology.kubernetes.io/zone")]),
     ],
 )
-def test_captured_runtimes_plan(runtime_fixture: str) -> None:
+def test_captured_runtimes_plan(
+    runtime_fixture: str, expected: list[tuple[str, int | None, str | None]]
+) -> None:
     rt = Runtime.model_validate(fixture_object(runtime_fixture))
     tj = TrainJob.model_validate(fixture_object("trainjob-create.validate.json"))
     plan = build_plan(tj, rt)
-    assert plan is not None and plan.groups
+    assert plan is not None
+    assert [(g.policy, g.min_count, g.topology_key) for g in plan.groups] == expected
     assert objects_errors(NativeBackend().render(plan)) == []
 
 

@@ -16,12 +16,11 @@ from typing import Any
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
-from tests.apiserver_rules import objects_errors
+from tests import reference
+from tests.apiserver_rules import dns_label, objects_errors
 from tests.builders import Json, rj
 from webhook.backends.native import NativeBackend
-from webhook.core.naming import is_dns_label
-from webhook.core.plan import Plan, PlanningError, build_plan
-from webhook.core.podcounts import pod_counts
+from webhook.core.plan import Plan, PlanningError, build_plan, pod_group_for_labels
 from webhook.core.trainer import Runtime, TrainJob
 from webhook.core.validation import validate_runtime, validate_trainjob
 
@@ -99,12 +98,14 @@ def runtimes(draw: st.DrawFn, sloppy: bool = True) -> Json:
                 priority_class=draw(st.sampled_from([None, None, "high"] if sloppy else [None])),
             )
         )
-    ml: Json = {"numNodes": draw(st.integers(1, 4))}
+    ml: Json = {"numNodes": draw(st.integers(1, 4))} if draw(st.booleans()) else {}
     if mpi:
         ml["mpi"] = {"runLauncherAsNode": draw(st.booleans())}
     else:
         ml["torch"] = {}
-    spec: Json = {"mlPolicy": ml, "template": {"spec": {"replicatedJobs": jobs}}}
+    spec: Json = {"template": {"spec": {"replicatedJobs": jobs}}}
+    if draw(st.integers(0, 4)):  # now and then no mlPolicy at all
+        spec["mlPolicy"] = ml
     if draw(st.booleans()):
         spec["template"]["spec"]["startupPolicy"] = {"startupPolicyOrder": "InOrder"}
     level = draw(st.sampled_from(["none", "one", "entries"]))
@@ -161,7 +162,7 @@ def _plan(raw_runtime: Json, raw_trainjob: Json) -> Plan | None:
     return build_plan(TrainJob.model_validate(raw_trainjob), Runtime.model_validate(raw_runtime))
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(runtimes(), trainjobs())
 def test_validation_and_planning_agree_and_never_crash(
     raw_runtime: Json, raw_trainjob: Json
@@ -181,10 +182,12 @@ def test_validation_and_planning_agree_and_never_crash(
     assert valid, [str(e) for e in verdict.errors + tj_verdict.errors]
     assert (plan is None) == ("scheduling" not in raw_runtime["spec"])
     if plan is not None:
-        _check_plan(plan, raw_runtime)
-        num_nodes = (raw_trainjob["spec"].get("trainer") or {}).get("numNodes")
-        if all(n > 0 for n in pod_counts(runtime, num_nodes).values()):
-            assert _never_runs(plan, raw_runtime, num_nodes) == set()
+        _check_plan(plan, raw_runtime, raw_trainjob)
+
+
+def _num_nodes(raw_trainjob: Json) -> int | None:
+    num_nodes: int | None = (raw_trainjob["spec"].get("trainer") or {}).get("numNodes")
+    return num_nodes
 
 
 def _never_runs(plan: Plan, raw_runtime: Json, num_nodes: int | None) -> set[str]:
@@ -197,8 +200,7 @@ def _never_runs(plan: Plan, raw_runtime: Json, num_nodes: int | None) -> set[str
     if (jobset.get("startupPolicy") or {}).get("startupPolicyOrder") == "InOrder":
         for before, after in itertools.pairwise(jobs):
             prereqs[after["name"]].add(before["name"])
-    runtime = Runtime.model_validate(raw_runtime)
-    pods = pod_counts(runtime, num_nodes)
+    counts = reference.pods_per_job(raw_runtime, num_nodes)
     running: set[str] = set()
     while True:
         created = {name for name, deps in prereqs.items() if deps <= running}
@@ -206,10 +208,10 @@ def _never_runs(plan: Plan, raw_runtime: Json, num_nodes: int | None) -> set[str
         for g in plan.groups:
             if g.policy != "gang":
                 continue
-            if g.job_index is not None:  # one Job of the target
-                existing = g.pod_count if g.replicated_jobs[0] in created else 0
-            else:
-                existing = sum(pods[m] for m in g.replicated_jobs if m in created)
+            present = tuple(m for m in g.replicated_jobs if m in created)
+            existing = (
+                reference.group_pods(counts, present, g.job_index is not None) if present else 0
+            )
             if existing < (g.min_count or 0):
                 blocked.update(g.replicated_jobs)
         now = created - blocked
@@ -218,16 +220,23 @@ def _never_runs(plan: Plan, raw_runtime: Json, num_nodes: int | None) -> set[str
         running = now
 
 
-def _check_plan(plan: Plan, raw_runtime: Json) -> None:
+def _check_plan(plan: Plan, raw_runtime: Json, raw_trainjob: Json) -> None:
+    """Every property of a plan, judged by the reference reading of the spec."""
+    num_nodes = _num_nodes(raw_trainjob)
+    counts = reference.pods_per_job(raw_runtime, num_nodes)
     templates = [g.template_name for g in plan.groups]
     pod_groups = [g.pod_group_name for g in plan.groups]
     assert len(set(templates)) == len(templates)
     assert len(set(pod_groups)) == len(pod_groups)
     for name in [plan.workload_name, *templates, *pod_groups]:
-        assert is_dns_label(name), name
+        assert dns_label(name), name
     for g in plan.groups:
+        pods = reference.group_pods(counts, g.replicated_jobs, g.job_index is not None)
+        assert g.pod_count == pods
         if g.policy == "gang":
-            assert g.min_count is not None and 1 <= g.min_count <= g.pod_count
+            assert g.min_count is not None and 1 <= g.min_count <= pods
+            if not g.joins_later:
+                assert g.min_count == pods
         else:
             assert g.min_count is None
     # Every pod of the TrainJob is in exactly one group, or none when untargeted.
@@ -240,8 +249,26 @@ def _check_plan(plan: Plan, raw_runtime: Json) -> None:
             ]
             expected = 0 if job["name"] in plan.untargeted else 1
             assert len(holders) == expected, (job["name"], index, holders)
-            found = plan.pod_group_for(job["name"], index)
+            labels = {
+                "jobset.sigs.k8s.io/jobset-name": plan.trainjob_name,
+                "jobset.sigs.k8s.io/replicatedjob-name": job["name"],
+                "jobset.sigs.k8s.io/job-index": str(index),
+            }
+            found = pod_group_for_labels(plan, labels)
             assert found == (holders[0].pod_group_name if holders else None)
+    # The objects carry what the runtime asked for, and the API accepts them.
+    objects = NativeBackend().render(plan, parent_uid="00000000-0000-0000-0000-000000000002")
+    assert objects_errors(objects) == []
+    for g, template in zip(plan.groups, objects[0]["spec"]["podGroupTemplates"], strict=True):
+        want = reference.expected_template_fields(
+            reference.group_settings(raw_runtime, g.replicated_jobs, g.job_index is not None)
+        )
+        assert list(template["schedulingPolicy"]) == [want["policy"]]
+        for key in ("schedulingConstraints", "disruptionMode", "resourceClaims"):
+            assert template.get(key) == want[key], key
+    # No deadlock: every ReplicatedJob with pods eventually runs.
+    if all(per_job * replicas > 0 for per_job, replicas in counts.values()):
+        assert _never_runs(plan, raw_runtime, num_nodes) == set()
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
@@ -254,15 +281,10 @@ def test_valid_input_plans_to_objects_the_api_accepts(
     assume(validate_trainjob(raw_trainjob, Runtime.model_validate(raw_runtime)).allowed)
     plan = _plan(raw_runtime, raw_trainjob)
     assert plan is not None
-    event(f"levels={sorted({g.level.name for g in plan.groups})}")
-    _check_plan(plan, raw_runtime)
-    # No deadlock: every ReplicatedJob eventually runs.
-    num_nodes = (raw_trainjob["spec"].get("trainer") or {}).get("numNodes")
-    assert _never_runs(plan, raw_runtime, num_nodes) == set()
+    event(f"levels={sorted({g.kind.name for g in plan.groups})}")
+    _check_plan(plan, raw_runtime, raw_trainjob)
     # Stable: the same inputs, freshly parsed, give the same plan.
     assert _plan(copy.deepcopy(raw_runtime), copy.deepcopy(raw_trainjob)) == plan
-    objects = NativeBackend().render(plan, parent_uid="00000000-0000-0000-0000-000000000002")
-    assert objects_errors(objects) == []
 
 
 json_values = st.recursive(
@@ -305,7 +327,7 @@ def test_garbage_scheduling_never_crashes(raw_runtime: Json, junk: Any, raw_trai
         if validate_trainjob(raw_trainjob, runtime).allowed:
             plan = _plan(raw_runtime, raw_trainjob)
             if plan is not None:
-                _check_plan(plan, raw_runtime)
+                _check_plan(plan, raw_runtime, raw_trainjob)
 
 
 @st.composite
@@ -346,4 +368,5 @@ def test_gangs_that_validate_never_wait_on_each_other(raw_runtime: Json) -> None
         raw_trainjob = {"metadata": {"name": "job"}, "spec": {"runtimeRef": {"name": "generated"}}}
         plan = _plan(raw_runtime, raw_trainjob)
         assert plan is not None
+        _check_plan(plan, raw_runtime, raw_trainjob)
         assert _never_runs(plan, raw_runtime, None) == set()

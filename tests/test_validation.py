@@ -46,9 +46,12 @@ def in_order(raw: Json) -> Json:
     return raw
 
 
-def with_preemption(raw: Json, index: int, policy: str) -> Json:
-    pod = raw["spec"]["template"]["spec"]["replicatedJobs"][index]["template"]["spec"]["template"]
-    pod["spec"]["preemptionPolicy"] = policy
+def with_preemption(raw: Json, **policies: list[int]) -> Json:
+    """Sets pod templates' preemptionPolicy: with_preemption(rt, Never=[0, 1])."""
+    jobs = raw["spec"]["template"]["spec"]["replicatedJobs"]
+    for policy, indexes in policies.items():
+        for i in indexes:
+            jobs[i]["template"]["spec"]["template"]["spec"]["preemptionPolicy"] = policy
     return raw
 
 
@@ -197,6 +200,14 @@ RULES = [
         '"Example.com/rack": must be a node label key',
     ),
     Rule(
+        "topology-key-name-at-most-63",
+        two_jobs({"schedulingConstraints": {"topology": [{"key": "example.com/" + "r" * 63}]}}),
+        two_jobs({"schedulingConstraints": {"topology": [{"key": "example.com/" + "r" * 64}]}}),
+        "spec.scheduling.schedulingConstraints.topology[0].key",
+        ErrorType.INVALID,
+        "must be a node label key",
+    ),
+    Rule(
         "topology-key-required",
         two_jobs({"schedulingConstraints": ZONE}),
         two_jobs({"schedulingConstraints": {"topology": [{}]}}),
@@ -247,6 +258,22 @@ RULES = [
         "spec.scheduling.resourceClaims[0].name",
         ErrorType.INVALID,
         '"GPU": must be a DNS label',
+    ),
+    Rule(
+        "claim-name-required",
+        two_jobs({"resourceClaims": [{"name": "gpu", "resourceClaimName": "gpus"}]}),
+        two_jobs({"resourceClaims": [{"resourceClaimName": "gpus"}]}),
+        "spec.scheduling.resourceClaims[0].name",
+        ErrorType.REQUIRED,
+        "name the claim (a DNS label)",
+    ),
+    Rule(
+        "claim-source-dns-subdomain",
+        two_jobs({"resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "tpu.slice-1"}]}),
+        two_jobs({"resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "TPU_slice"}]}),
+        "spec.scheduling.resourceClaims[0].resourceClaimTemplateName",
+        ErrorType.INVALID,
+        '"TPU_slice": must be a DNS subdomain',
     ),
     Rule(
         "claim-names-unique",
@@ -368,6 +395,25 @@ RULES = [
         'gang would wait forever; give "init" its own replicatedJobs entry (typically basic)',
     ),
     Rule(
+        "complete-dependency-through-a-chain",
+        # "c" waits for "b" Ready, "b" for "a" Complete: "a" is gone before "c" exists.
+        runtime(
+            rj("a"),
+            rj("b", depends=[("a", "Complete")]),
+            rj("c", depends=[("b", "Ready")]),
+            scheduling=entries(target("a", schedulingPolicy={"basic": {}}), target("b", "c")),
+        ),
+        runtime(
+            rj("a"),
+            rj("b", depends=[("a", "Complete")]),
+            rj("c", depends=[("b", "Ready")]),
+            scheduling=entries(target("a", "c"), target("b", schedulingPolicy={"basic": {}})),
+        ),
+        "spec.scheduling.replicatedJobs[0].targetReplicatedJobs",
+        ErrorType.INVALID,
+        '"c" starts only after "a" is Complete',
+    ),
+    Rule(
         "level-1-split-cannot-share-claims",
         runtime(
             rj("init"),
@@ -408,8 +454,8 @@ RULES = [
     ),
     Rule(
         "one-preemption-policy-per-group",
-        runtime(rj("init"), torch_node(), scheduling={}),
-        runtime(rj("init"), torch_node(), scheduling={}),  # preemptionPolicy set below
+        with_preemption(runtime(rj("init"), torch_node(), scheduling={}), Never=[0, 1]),
+        with_preemption(runtime(rj("init"), torch_node(), scheduling={}), Never=[0]),
         "spec.scheduling",
         ErrorType.INVALID,
         "must share one preemptionPolicy, but the pod templates differ (init=Never, node=(unset))",
@@ -524,6 +570,22 @@ RULES = [
         "these ReplicatedJobs run 4294967294 pods in one group, more than a PodGroup can count",
     ),
     Rule(
+        "replicas-not-negative",
+        runtime(rj("eval", replicas=0), torch_node(), scheduling={}),
+        runtime(rj("eval", replicas=-1), torch_node(), scheduling={}),
+        "spec.template.spec.replicatedJobs[0].replicas",
+        ErrorType.INVALID,
+        "-1: must be >= 0",
+    ),
+    Rule(
+        "parallelism-not-negative",
+        runtime(rj("eval", parallelism=0), torch_node(), scheduling={}),
+        runtime(rj("eval", parallelism=-2), torch_node(), scheduling={}),
+        "spec.template.spec.replicatedJobs[0].template.spec.parallelism",
+        ErrorType.INVALID,
+        "-2: must be >= 0",
+    ),
+    Rule(
         "template-needs-replicated-jobs",
         runtime(rj("a"), scheduling={}),
         runtime(scheduling={}),
@@ -540,11 +602,6 @@ RULES = [
         '"node": must be a list',
     ),
 ]
-
-
-_preempt = next(r for r in RULES if r.id == "one-preemption-policy-per-group")
-with_preemption(with_preemption(_preempt.valid, 0, "Never"), 1, "Never")
-with_preemption(_preempt.invalid, 0, "Never")
 
 
 @pytest.mark.parametrize("rule", RULES, ids=[r.id for r in RULES])
@@ -589,16 +646,15 @@ def test_runtime_without_scheduling_is_left_alone() -> None:
 
 
 def test_garbage_is_a_field_error_not_a_crash() -> None:
-    garbage: list[Json] = [
-        {},
-        {"spec": []},
-        {"spec": {"scheduling": "yes"}},
-        {"spec": {"template": 3}},
-    ]
-    for raw in garbage:
-        verdict = validate_runtime(raw)
-        assert all(e.path for e in verdict.errors)
-    assert not validate_runtime({"spec": {"scheduling": "yes"}}).allowed
+    assert validate_runtime({}).errors == ()  # no spec.scheduling: nothing of the service's
+    expected: dict[str, Json] = {
+        "spec": {"spec": []},
+        "spec.scheduling": {"spec": {"scheduling": "yes"}},
+        "spec.template": {"spec": {"template": 3}},
+    }
+    for path, raw in expected.items():
+        (err,) = validate_runtime(raw).errors
+        assert err.path == path and "must be an object" in str(err)
 
 
 # --- warnings ----------------------------------------------------------------------------------
@@ -739,6 +795,16 @@ def test_template_cap_message_fits_the_level() -> None:
     assert [e.type for e in validate_runtime(nine_entries).errors] == [ErrorType.TOO_MANY]
 
 
+def test_default_scheduler_is_the_same_as_unset() -> None:
+    rt = runtime(rj("init", scheduler="default-scheduler"), torch_node(), scheduling={})
+    assert validate_runtime(rt).errors == ()
+
+
+def test_trainjob_num_nodes_not_negative() -> None:
+    (err,) = validate_trainjob(trainjob(num_nodes=-1), GANG).errors
+    assert str(err) == "spec.trainer.numNodes: Invalid value: -1: must be >= 0"
+
+
 def test_empty_priority_class_is_unset() -> None:
     rt = runtime(rj("init", priority_class=""), torch_node(), scheduling={})
     assert validate_runtime(rt).errors == ()
@@ -815,7 +881,10 @@ def test_trainjob_with_invalid_runtime_points_at_the_runtime() -> None:
 def test_trainjob_gets_the_runtime_warnings() -> None:
     rt = parsed_runtime(runtime(torch_node(), rj("eval"), scheduling=entries(target("node"))))
     verdict = validate_trainjob(trainjob(num_nodes=2), rt)
-    assert verdict.allowed and len(verdict.warnings) == 1
+    assert verdict.allowed
+    assert verdict.warnings == (
+        'scheduling: replicatedJob "eval" is not targeted; it gets default scheduling',
+    )
 
 
 def test_trainjob_garbage_is_a_field_error() -> None:

@@ -9,6 +9,7 @@ from typing import Any, TextIO
 
 import yaml
 
+from .backends.base import GangBackend
 from .core import errors as fe
 from .core.errors import Path
 from .core.fields import parse
@@ -68,6 +69,7 @@ def plan_command(paths: Sequence[str], out: TextIO, err: TextIO) -> int:
     from .backends.native import NativeBackend  # the Kubernetes client is slow to import
     from .core.plan import build_plan
 
+    backend: GangBackend = NativeBackend()
     docs = _load(paths)
     unknown = {d["kind"] for d in docs} - {"TrainJob", *RUNTIME_KINDS}
     if unknown:
@@ -118,7 +120,7 @@ def plan_command(paths: Sequence[str], out: TextIO, err: TextIO) -> int:
                 file=err,
             )
             continue
-        rendered += NativeBackend().render(plan)
+        rendered += backend.render(plan)
     if rendered:
         out.write(yaml.safe_dump_all(rendered, sort_keys=False))
     return 0 if ok else EXIT_INVALID

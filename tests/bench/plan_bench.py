@@ -18,7 +18,7 @@ import yaml
 
 from webhook.core.plan import build_plan, pod_group_for_labels
 from webhook.core.trainer import Runtime, TrainJob
-from webhook.core.validation import runtime_layout, validate_runtime
+from webhook.core.validation import check_stored_runtime, validate_runtime
 
 SAMPLES = Path(__file__).resolve().parent.parent.parent / "webhook" / "samples"
 CASES = {
@@ -58,7 +58,7 @@ def import_cost(module: str) -> float:
 def bench_case(case: str, runtime_file: str, trainjob_file: str) -> None:
     raw_rt, raw_tj = load(runtime_file), load(trainjob_file)
     rt, tj = Runtime.model_validate(raw_rt), TrainJob.model_validate(raw_tj)
-    checked = runtime_layout(rt, stored=True)
+    checked = check_stored_runtime(rt)
     plan = build_plan(tj, rt)
     assert plan is not None
     group = plan.groups[-1]
@@ -72,7 +72,7 @@ def bench_case(case: str, runtime_file: str, trainjob_file: str) -> None:
     row("parse runtime (pydantic)", per_call(lambda: Runtime.model_validate(raw_rt)))
     row("validate runtime (raw)", per_call(lambda: validate_runtime(raw_rt)))
     row("build_plan", per_call(lambda: build_plan(tj, rt)))
-    row("build_plan, runtime checked once", per_call(lambda: build_plan(tj, rt, checked)))
+    row("build_plan, runtime checked once", per_call(lambda: build_plan(tj, checked)))
     row("pod_group_for_labels", per_call(lambda: pod_group_for_labels(plan, labels)))
 
 

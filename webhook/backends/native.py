@@ -3,20 +3,26 @@ PodGroupTemplate per group, and one PodGroup per template (was-api.md sections 1
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from kubernetes import client as k8s
 
 from ..core.plan import GroupPlan, Plan
 from ..core.trainer import TRAINER_API_VERSION, TRAINER_GROUP
-from .base import JsonObject, owner_labels
+from .base import GangBackend, JsonObject, owner_labels
 
 API_VERSION = "scheduling.k8s.io/v1beta1"
-_SERIALIZER = k8s.ApiClient()
+
+
+@functools.cache
+def _serializer() -> k8s.ApiClient:
+    return k8s.ApiClient()
 
 
 def _json(model: Any) -> JsonObject:
-    result: JsonObject = _SERIALIZER.sanitize_for_serialization(model)  # type: ignore[no-untyped-call]
+    """The wire JSON of a client model (camelCase keys, unset fields left out)."""
+    result: JsonObject = _serializer().sanitize_for_serialization(model)  # type: ignore[no-untyped-call]
     return result
 
 
@@ -115,7 +121,7 @@ def pod_group(plan: Plan, group: GroupPlan, parent_uid: str | None = None) -> Js
     )
 
 
-class NativeBackend:
+class NativeBackend(GangBackend):
     name = "native"
 
     def render(self, plan: Plan, parent_uid: str | None = None) -> list[JsonObject]:

@@ -23,7 +23,8 @@ class ErrorType(enum.Enum):
 
     @property
     def reason(self) -> str:
-        """The `status.details.causes[].reason` the API server uses for this type."""
+        """The `status.details.causes[].reason` the API server uses for this type (the admission
+        layer's denials carry it)."""
         return self.value[0]
 
     @property
@@ -63,9 +64,6 @@ class Path:
 
     def index(self, i: int) -> Path:
         return Path._raw(f"{self._text}[{i}]")
-
-    def key(self, k: str) -> Path:
-        return Path._raw(f"{self._text}[{k}]")
 
     def __str__(self) -> str:
         return self._text

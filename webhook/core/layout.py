@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Literal
 
 from . import errors as fe
 from .errors import FieldError, Path
@@ -31,11 +32,17 @@ MAX_ENTRIES = 8
 SCHEDULING = Path("spec", "scheduling")
 
 
-class Level(enum.Enum):
-    TRAINJOB = 1
-    REPLICATED_JOB = 2
-    JOB = 3
-    SPLIT = 4  # level 1 split per ReplicatedJob by a Complete dependency
+class GroupKind(enum.Enum):
+    """What one scheduling group stands for."""
+
+    TRAINJOB = "trainjob"  # level 1: every pod of the TrainJob
+    SPLIT = "split"  # level 1 split by a Complete dependency: one ReplicatedJob
+    REPLICATED_JOBS = "replicated-jobs"  # level 2: the targets of one replicatedJobs entry
+    JOB = "job"  # level 3: one Job (replica) of the entry's single target
+
+
+Policy = Literal["gang", "basic"]
+DisruptionModeName = Literal["single", "all"]
 
 
 @dataclass(frozen=True)
@@ -47,14 +54,13 @@ class Claim:
 
 @dataclass(frozen=True)
 class GroupLayout:
-    level: Level
+    kind: GroupKind
     targets: tuple[str, ...]
     job_index: int | None
     """Level 3: the one Job (replica) of the single target this group holds."""
-    policy: str
-    """"gang" or "basic"."""
+    policy: Policy
     topology_key: str | None
-    disruption_mode: str | None
+    disruption_mode: DisruptionModeName | None
     resource_claims: tuple[Claim, ...]
     priority_class_name: str | None
     deferred: tuple[str, ...] = ()
@@ -73,7 +79,7 @@ class Layout:
     errors: tuple[FieldError, ...]
 
 
-def policy_kind(settings: GroupSettings) -> str:
+def policy_kind(settings: GroupSettings) -> Policy:
     sp = settings.scheduling_policy
     return "basic" if sp is not None and sp.basic is not None and sp.gang is None else "gang"
 
@@ -82,16 +88,16 @@ def policy_kind(settings: GroupSettings) -> str:
 class Settings:
     """The four group fields of one level, read leniently (validation reports what is off)."""
 
-    policy: str
+    policy: Policy
     topology_key: str | None
-    disruption_mode: str | None
+    disruption_mode: DisruptionModeName | None
     resource_claims: tuple[Claim, ...]
 
 
 def resolve_settings(settings: GroupSettings) -> Settings:
     topology = settings.scheduling_constraints.topology if settings.scheduling_constraints else None
     dm = settings.disruption_mode
-    disruption = None
+    disruption: DisruptionModeName | None = None
     if dm is not None:
         disruption = "all" if dm.all is not None else "single" if dm.single is not None else None
     return Settings(
@@ -121,7 +127,7 @@ class _Builder:
 
     def group(
         self,
-        level: Level,
+        kind: GroupKind,
         targets: tuple[str, ...],
         settings: GroupSettings,
         where: Path,
@@ -142,7 +148,7 @@ class _Builder:
                 )
         self.groups.append(
             GroupLayout(
-                level=level,
+                kind=kind,
                 targets=targets,
                 job_index=job_index,
                 policy=resolved.policy,
@@ -257,10 +263,10 @@ def _level_one(scheduling: GroupSettings, rj_list: list[ReplicatedJob], b: _Buil
                 )
             )
         for name in names:
-            b.group(Level.SPLIT, (name,), scheduling, SCHEDULING)
+            b.group(GroupKind.SPLIT, (name,), scheduling, SCHEDULING)
         return
     if names:
-        b.group(Level.TRAINJOB, names, scheduling, SCHEDULING)
+        b.group(GroupKind.TRAINJOB, names, scheduling, SCHEDULING)
 
 
 def _entries(scheduling: Scheduling, rj_list: list[ReplicatedJob], b: _Builder) -> tuple[str, ...]:
@@ -345,7 +351,7 @@ def _entries(scheduling: Scheduling, rj_list: list[ReplicatedJob], b: _Builder) 
             continue
         if policy_kind(entry) == "gang":
             _reject_complete_inside(targets, tpath, b)
-        b.group(Level.REPLICATED_JOB, tuple(targets), entry, tpath)
+        b.group(GroupKind.REPLICATED_JOBS, tuple(targets), entry, tpath)
 
     return tuple(rj.name for rj in rj_list if rj.name not in targeted)
 
@@ -392,4 +398,4 @@ def _job_entry(
     assert entry.job is not None
     rj = b.rjs[targets[0]]
     for index in range(rj.replica_count):
-        b.group(Level.JOB, (rj.name,), entry.job, where.child("targetReplicatedJobs"), index)
+        b.group(GroupKind.JOB, (rj.name,), entry.job, where.child("targetReplicatedJobs"), index)

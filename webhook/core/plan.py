@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 
 from . import naming
 from .errors import FieldError
-from .layout import Claim, GroupLayout, Layout, Level
+from .layout import Claim, DisruptionModeName, GroupKind, GroupLayout, Policy
 from .podcounts import group_size
 from .trainer import Runtime, TrainJob
-from .validation import Verdict, check_trainjob, runtime_layout
+from .validation import CheckedRuntime, check_stored_runtime, check_trainjob
 
 JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
 REPLICATED_JOB_NAME = "jobset.sigs.k8s.io/replicatedjob-name"
@@ -36,16 +36,16 @@ class GroupPlan:
 
     template_name: str
     pod_group_name: str
-    level: Level
+    kind: GroupKind
     replicated_jobs: tuple[str, ...]
     job_index: int | None
     """Level 3: only the pods of this Job (replica) belong to the group."""
-    policy: str
+    policy: Policy
     min_count: int | None
     """Gang only: pods kube-scheduler waits for before admitting the group."""
     pod_count: int
     topology_key: str | None
-    disruption_mode: str | None
+    disruption_mode: DisruptionModeName | None
     resource_claims: tuple[Claim, ...]
     priority_class_name: str | None
     joins_later: tuple[str, ...]
@@ -91,23 +91,19 @@ def pod_group_for_labels(plan: Plan, labels: Mapping[str, str]) -> str | None:
     return plan.pod_group_for(rj, int(index))
 
 
-def build_plan(
-    trainjob: TrainJob,
-    runtime: Runtime,
-    checked: tuple[Layout | None, Verdict] | None = None,
-) -> Plan | None:
+def build_plan(trainjob: TrainJob, runtime: Runtime | CheckedRuntime) -> Plan | None:
     """The plan of a TrainJob under its runtime; None when the runtime has no spec.scheduling.
 
-    Raises PlanningError exactly when validation rejects the runtime or the TrainJob.
-    `checked`, the runtime's `runtime_layout(runtime, stored=True)`, lets callers check a
-    runtime once for all of its TrainJobs.
+    Raises PlanningError exactly when validation rejects the runtime or the TrainJob. Pass a
+    `CheckedRuntime` (`check_stored_runtime`) to check a runtime once for all of its TrainJobs.
     """
-    layout, verdict = checked = checked or runtime_layout(runtime, stored=True)
+    checked = runtime if isinstance(runtime, CheckedRuntime) else check_stored_runtime(runtime)
+    layout, verdict = checked.layout, checked.verdict
     if layout is None:
         return None
     if not verdict.allowed:
         raise PlanningError(verdict.errors)
-    tj_verdict = check_trainjob(trainjob, runtime, checked=checked)
+    tj_verdict = check_trainjob(trainjob, checked)
     if not tj_verdict.allowed:
         raise PlanningError(tj_verdict.errors)
 
@@ -115,7 +111,7 @@ def build_plan(
     tj = trainjob.metadata.name or ""
     workload = naming.workload_name(ns, tj)
     groups = tuple(
-        _group_plan(g, runtime, trainjob.num_nodes, ns, tj, workload) for g in layout.groups
+        _group_plan(g, checked.runtime, trainjob.num_nodes, ns, tj, workload) for g in layout.groups
     )
     return Plan(
         ns, tj, trainjob.metadata.uid, workload, groups, layout.untargeted, verdict.warnings
@@ -123,11 +119,11 @@ def build_plan(
 
 
 def _template_name(group: GroupLayout, ns: str, tj: str, workload: str) -> str:
-    if group.level is Level.TRAINJOB:
+    if group.kind is GroupKind.TRAINJOB:
         return workload
-    if group.level is Level.SPLIT:
+    if group.kind is GroupKind.SPLIT:
         return naming.split_template_name(ns, tj, group.targets[0])
-    if group.level is Level.JOB:
+    if group.kind is GroupKind.JOB:
         assert group.job_index is not None
         return naming.job_template_name(ns, tj, group.targets[0], group.job_index)
     return naming.group_template_name(ns, tj, group.targets)
@@ -142,12 +138,14 @@ def _group_plan(
     workload: str,
 ) -> GroupPlan:
     template = _template_name(group, ns, tj, workload)
-    pod_group = template if group.level is Level.TRAINJOB else naming.pod_group_name(tj, template)
+    pod_group = (
+        template if group.kind is GroupKind.TRAINJOB else naming.pod_group_name(tj, template)
+    )
     size = group_size(group, runtime, num_nodes)
     return GroupPlan(
         template_name=template,
         pod_group_name=pod_group,
-        level=group.level,
+        kind=group.kind,
         replicated_jobs=group.targets,
         job_index=group.job_index,
         policy=group.policy,

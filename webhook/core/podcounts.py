@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .layout import GroupLayout, Level
+from .layout import GroupKind, GroupLayout
 from .trainer import ANCESTOR_TRAINER, ReplicatedJob, Runtime
 
 MPI_NODE = "node"
@@ -35,25 +35,15 @@ def uses_num_nodes(runtime: Runtime, rj: ReplicatedJob) -> bool:
 def pods_per_job(runtime: Runtime, rj: ReplicatedJob, trainjob_num_nodes: int | None) -> int:
     """P(r): pods in one Job of the ReplicatedJob."""
     ml = runtime.spec.ml_policy
-    if ml is not None and ml.mpi is not None:
-        # MPI takes precedence: only `node` is sized by numNodes, the launcher is one pod.
-        if rj.name == MPI_LAUNCHER:
-            return 1
-        if rj.name == MPI_NODE:
-            nodes = effective_num_nodes(runtime, trainjob_num_nodes)
-            return max(nodes - 1, 1) if ml.mpi.run_launcher_as_node else nodes
+    mpi = ml.mpi if ml is not None else None
+    if mpi is not None and rj.name == MPI_LAUNCHER:
+        return 1  # one MPI launcher, whatever numNodes or its template says
+    if not uses_num_nodes(runtime, rj):
         return rj.parallelism
-    if uses_num_nodes(runtime, rj):
-        return effective_num_nodes(runtime, trainjob_num_nodes)
-    return rj.parallelism
-
-
-def pod_counts(runtime: Runtime, trainjob_num_nodes: int | None) -> dict[str, int]:
-    """pods(r) for every ReplicatedJob, keyed by name."""
-    return {
-        rj.name: pods_per_job(runtime, rj, trainjob_num_nodes) * rj.replica_count
-        for rj in runtime.replicated_jobs
-    }
+    nodes = effective_num_nodes(runtime, trainjob_num_nodes)
+    if mpi is not None and mpi.run_launcher_as_node:
+        return max(nodes - 1, 1)  # the launcher counts as one of the nodes
+    return nodes
 
 
 @dataclass(frozen=True)
@@ -66,7 +56,7 @@ class GroupSize:
 
 def group_size(group: GroupLayout, runtime: Runtime, trainjob_num_nodes: int | None) -> GroupSize:
     rjs = {rj.name: rj for rj in runtime.replicated_jobs}
-    if group.level is Level.JOB:
+    if group.kind is GroupKind.JOB:
         per_job = pods_per_job(runtime, rjs[group.targets[0]], trainjob_num_nodes)
         return GroupSize(per_job, per_job)
     counts = {

@@ -93,7 +93,7 @@ class ReplicatedJobEntry(GroupSettings):
 
 
 class Scheduling(GroupSettings):
-    """Level-1 fields plus the level-2/3 entries (mutually exclusive)."""
+    """GroupKind-1 fields plus the level-2/3 entries (mutually exclusive)."""
 
     replicated_jobs: list[ReplicatedJobEntry] | None = None
 

@@ -199,15 +199,28 @@ def validate_trainjob(
     return check_trainjob(trainjob, runtime, old, gang_exists)
 
 
+@dataclass(frozen=True)
+class CheckedRuntime:
+    """A stored runtime with its layout and verdict, worked out once for all its TrainJobs."""
+
+    runtime: Runtime
+    layout: Layout | None
+    verdict: Verdict
+
+
+def check_stored_runtime(runtime: Runtime) -> CheckedRuntime:
+    """Judges a runtime already in the cluster (rule 8(g) only applies to template changes)."""
+    layout, verdict = runtime_layout(runtime, stored=True)
+    return CheckedRuntime(runtime, layout, verdict)
+
+
 def check_trainjob(
     trainjob: TrainJob,
-    runtime: Runtime | None,
+    runtime: Runtime | CheckedRuntime | None,
     old: TrainJob | None = None,
     gang_exists: bool = False,
-    checked: tuple[Layout | None, Verdict] | None = None,
 ) -> Verdict:
-    """`validate_trainjob` on parsed objects; `checked` reuses the runtime's
-    `runtime_layout(runtime, stored=True)`.
+    """`validate_trainjob` on parsed objects.
 
     On update the runtime is not judged again: it may have been deleted or edited since the
     TrainJob was created, and that must not block suspend/resume or metadata changes.
@@ -237,13 +250,14 @@ def check_trainjob(
             "spec.runtimeRef"
         )
         return Verdict((fe.not_found(ref, trainjob.spec.runtime_ref.name, detail),))
-    if runtime.spec.scheduling is None:
+    checked = runtime if isinstance(runtime, CheckedRuntime) else check_stored_runtime(runtime)
+    layout, verdict = checked.layout, checked.verdict
+    if layout is None:  # no spec.scheduling: nothing of the service's to check
         return Verdict(tuple(found))
-    layout, verdict = checked or runtime_layout(runtime, stored=True)
-    if not verdict.allowed or layout is None:
+    if not verdict.allowed:
         if old is not None:
             return Verdict(tuple(found))
-        detail = f"the {runtime.kind} is invalid ({verdict.errors[0]}); fix the runtime"
+        detail = f"the {checked.runtime.kind} is invalid ({verdict.errors[0]}); fix the runtime"
         return Verdict((fe.invalid(ref, trainjob.spec.runtime_ref.name, detail),))
 
     name = trainjob.metadata.name
@@ -256,7 +270,7 @@ def check_trainjob(
                 "PodGroup names derive from it",
             )
         )
-    found += _num_nodes_errors(trainjob, runtime, layout)
+    found += _num_nodes_errors(trainjob, checked.runtime, layout)
     return Verdict(tuple(found), verdict.warnings)
 
 
