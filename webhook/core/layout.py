@@ -155,12 +155,12 @@ class _Builder:
                 topology_key=resolved.topology_key,
                 disruption_mode=resolved.disruption_mode,
                 resource_claims=resolved.resource_claims,
-                priority_class_name=self._common_pod_field(targets, where),
+                priority_class_name=self._consistent_priority_class(targets, where),
                 deferred=deferred,
             )
         )
 
-    def _common_pod_field(self, targets: tuple[str, ...], where: Path) -> str | None:
+    def _consistent_priority_class(self, targets: tuple[str, ...], where: Path) -> str | None:
         """Pods of one PodGroup must share scheduler, priority and preemption policy (KEP-5710);
         returns their priority class, which the template copies."""
         specs = {t: self.rjs[t].pod_spec for t in targets}

@@ -84,7 +84,7 @@ def runtime_layout(
     layout = resolve_layout(runtime)
     assert layout is not None
     errs += layout.errors
-    errs += _empty_gangs(runtime, layout)
+    errs += _size_errors(runtime, layout)
     warnings += layout.warnings
     warnings += [
         f'scheduling: replicatedJob "{name}" is not targeted; it gets default scheduling'
@@ -135,37 +135,34 @@ def _owned_fields(runtime: Runtime) -> list[FieldError]:
     return errs
 
 
-def _empty_gangs(runtime: Runtime, layout: Layout) -> list[FieldError]:
-    """A gang needs at least one pod it can count; numNodes is checked per TrainJob."""
+def _size_errors(runtime: Runtime, layout: Layout) -> list[FieldError]:
+    """Pod counts must be >= 0, fit a PodGroup's int32 and give every gang a pod to wait for
+    (checked with numNodes at its floor of 1; each TrainJob's numNodes is checked on its own)."""
     errs: list[FieldError] = []
     for i, rj in enumerate(runtime.replicated_jobs):
         where = REPLICATED_JOBS.index(i)
         if rj.replicas is not None and rj.replicas < 0:
             errs.append(fe.invalid(where.child("replicas"), rj.replicas, "must be >= 0"))
         if rj.parallelism < 0:
-            errs.append(
-                fe.invalid(
-                    where.child("template", "spec", "parallelism"), rj.parallelism, "must be >= 0"
-                )
-            )
+            parallelism = where.child("template", "spec", "parallelism")
+            errs.append(fe.invalid(parallelism, rj.parallelism, "must be >= 0"))
+    index = {rj.name: i for i, rj in reversed(list(enumerate(runtime.replicated_jobs)))}
     for group in layout.groups:
-        # With numNodes at its floor of 1: a gang still empty then is empty for every TrainJob.
         size = group_size(group, runtime, 1)
+        where = REPLICATED_JOBS.index(min(index[t] for t in group.targets))
         if size.pods > MAX_INT32:
-            i = next(k for k, rj in enumerate(runtime.replicated_jobs) if rj.name in group.targets)
             errs.append(
                 fe.invalid(
-                    REPLICATED_JOBS.index(i),
+                    where,
                     list(group.targets),
                     f"these ReplicatedJobs run {size.pods} pods in one group, more than a "
                     f"PodGroup can count ({MAX_INT32}); lower replicas or parallelism",
                 )
             )
         if group.policy == "gang" and group.counted and size.min_count < 1:  # none: a cycle
-            i = next(k for k, rj in enumerate(runtime.replicated_jobs) if rj.name in group.targets)
             errs.append(
                 fe.invalid(
-                    REPLICATED_JOBS.index(i),
+                    where,
                     list(group.counted),
                     "a gang needs at least one pod, but these ReplicatedJobs run none "
                     "(replicas or parallelism 0); raise them or use schedulingPolicy basic",
