@@ -754,6 +754,19 @@ def test_gang_with_other_pods_still_needs_a_training_node() -> None:
     assert validate_trainjob(trainjob(num_nodes=0), basic_trainer).errors == ()
 
 
+def test_mpi_launcher_gang_does_not_need_nodes() -> None:
+    # Only `node` is sized by numNodes under MPI; a gang of the launcher alone has its one pod.
+    rt = parsed_runtime(
+        runtime(
+            rj("launcher", ancestor="trainer"),
+            rj("node"),
+            ml={"mpi": {}},
+            scheduling=entries(target("launcher"), target("node", schedulingPolicy={"basic": {}})),
+        )
+    )
+    assert validate_trainjob(trainjob(num_nodes=0), rt).errors == ()
+
+
 def test_trainjob_num_nodes_must_fit_int32() -> None:
     rt = parsed_runtime(runtime(rj("init"), torch_node(), scheduling={}))
     assert validate_trainjob(trainjob(num_nodes=2**31 - 2), rt).errors == ()
