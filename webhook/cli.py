@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import os
+import pathlib
 import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
@@ -147,7 +150,94 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="YAML file with TrainJobs and (Cluster)TrainingRuntimes; repeatable; - for stdin",
     )
+    _add_serve(commands)
+    _add_certs(commands)
     return parser
+
+
+def _env(name: str, default: str) -> str:
+    return os.environ.get(f"WEBHOOK_{name}", default)
+
+
+def _add_serve(commands: Any) -> None:
+    serve = commands.add_parser(
+        "serve",
+        help="serve the admission webhooks over TLS",
+        description="Serve the admission webhooks over TLS, with health probes over plain HTTP. "
+        "Every flag can also be set by the environment variable shown.",
+    )
+    opts: list[tuple[str, str, type, str, str]] = [
+        ("--host", "HOST", str, "0.0.0.0", "address to listen on"),
+        ("--port", "PORT", int, "9443", "webhook (TLS) port"),
+        ("--health-port", "HEALTH_PORT", int, "8081", "plain-HTTP port for /healthz and /readyz"),
+        ("--cert-dir", "CERT_DIR", str, "certs", "directory holding tls.crt and tls.key"),
+        ("--kubeconfig", "KUBECONFIG", str, "", "kubeconfig file (default: in-cluster, "
+         "else $KUBECONFIG, else no cluster)"),
+        ("--log-level", "LOG_LEVEL", str, "info", "debug, info, warning or error"),
+        ("--cert-poll-seconds", "CERT_POLL_SECONDS", float, "5", "how often tls.* are re-read"),
+        ("--shutdown-timeout", "SHUTDOWN_TIMEOUT", float, "25",
+         "seconds in-flight reviews get to finish on SIGTERM"),
+        ("--max-body-bytes", "MAX_BODY_BYTES", int, str(6 * 1024 * 1024),
+         "larger AdmissionReview bodies get 413"),
+    ]  # fmt: skip
+    for flag, env, kind, default, text in opts:
+        serve.add_argument(
+            flag, type=kind, default=kind(_env(env, default)), help=f"{text} [$WEBHOOK_{env}]"
+        )
+
+
+def _add_certs(commands: Any) -> None:
+    certs = commands.add_parser(
+        "certs",
+        help="write a development CA and serving certificate",
+        description="Write ca.crt, ca.key, tls.crt and tls.key (a throwaway CA and a serving "
+        "certificate for localhost, 127.0.0.1 and <service>.<namespace>.svc).",
+    )
+    certs.add_argument("--out", default="certs", help="output directory (default: certs)")
+    certs.add_argument("--service", default="trainjob-scheduling-webhook")
+    certs.add_argument("--namespace", default="trainjob-scheduling-system")
+    certs.add_argument("--dns", action="append", default=[], help="extra DNS name; repeatable")
+    certs.add_argument("--ip", action="append", default=[], help="extra IP address; repeatable")
+    certs.add_argument("--days", type=int, default=365)
+
+
+def serve_command(args: argparse.Namespace) -> int:
+    from .server import logs
+    from .server.app import Limits
+    from .server.run import Settings, serve
+
+    logs.configure(args.log_level)
+    settings = Settings(
+        host=args.host,
+        port=args.port,
+        health_port=args.health_port,
+        cert_dir=pathlib.Path(args.cert_dir),
+        kubeconfig=args.kubeconfig or None,
+        cert_poll_seconds=args.cert_poll_seconds,
+        shutdown_timeout=args.shutdown_timeout,
+        limits=Limits(max_body_bytes=args.max_body_bytes),
+    )
+    try:
+        import uvloop
+
+        uvloop.run(serve(settings))
+    except ImportError:
+        asyncio.run(serve(settings))
+    return 0
+
+
+def certs_command(args: argparse.Namespace, out: TextIO) -> int:
+    from .tls.certs import CertSpec, issue, write
+
+    try:
+        spec = CertSpec(args.service, args.namespace, tuple(args.dns), tuple(args.ip), args.days)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    paths = write(issue(spec), pathlib.Path(args.out))
+    for path in paths.values():
+        print(f"wrote {path}", file=out)
+    print(f"serving certificate names: {', '.join(spec.dns_names + spec.ip_addresses)}", file=out)
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -155,6 +245,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "plan":
             return plan_command(args.files, sys.stdout, sys.stderr)
+        if args.command == "serve":
+            return serve_command(args)
+        if args.command == "certs":
+            return certs_command(args, sys.stdout)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE

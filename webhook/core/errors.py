@@ -88,7 +88,12 @@ class FieldError:
     value: Any = _NO_VALUE
 
     def __str__(self) -> str:
-        parts = [f"{self.path}: {self.type.wording}"]
+        return f"{self.path}: {self.body}"
+
+    @property
+    def body(self) -> str:
+        """The message without the field path (`status.details.causes[].message`)."""
+        parts = [self.type.wording]
         if self.type in _SHOWS_VALUE and self.value is not _NO_VALUE:
             parts.append(_render_value(self.value))
         if self.detail:

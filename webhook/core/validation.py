@@ -184,7 +184,7 @@ def validate_runtime(raw: Mapping[str, Any], old_raw: Mapping[str, Any] | None =
 
 def validate_trainjob(
     raw: Mapping[str, Any],
-    runtime: Runtime | None,
+    runtime: Runtime | CheckedRuntime | None,
     old_raw: Mapping[str, Any] | None = None,
     gang_exists: bool = False,
 ) -> Verdict:

@@ -1,0 +1,1 @@
+"""Admission: the AdmissionReview envelope, one handler per webhook, the path table."""

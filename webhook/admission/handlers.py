@@ -1,0 +1,203 @@
+"""One handler per webhook: (review, cache) -> decision. No I/O: the cache is in memory.
+
+Mutations diff the raw request object against a mutated copy of itself (`jsonpatch`), except on
+the pod path, which builds its one-operation patch directly (tests prove it equal to jsonpatch's).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jsonpatch
+
+from ..core import defaults
+from ..core import errors as fe
+from ..core.errors import FieldError, Path
+from ..core.fields import parse
+from ..core.lifecycle import wants_gang
+from ..core.plan import JOBSET_NAME, pod_group_for_labels
+from ..core.trainer import CLUSTER_RUNTIME_KIND, TrainJob
+from ..core.validation import check_trainjob, validate_runtime
+from ..kube.cache import Cache
+from .review import Decision, Review
+
+Handler = Callable[[Review, Cache], Decision]
+WRITES = ("CREATE", "UPDATE")
+
+
+def _skips(review: Review) -> bool:
+    """DELETE, CONNECT and subresources (status) carry nothing these webhooks judge."""
+    return review.operation not in WRITES or bool(review.sub_resource)
+
+
+def denied(review: Review, errors: Sequence[FieldError], warnings: Sequence[str] = ()) -> Decision:
+    """A 422 Invalid worded the way the API server words its own (`Kind.group "name" is ...`)."""
+    qualified = f"{review.kind}.{review.group}" if review.group else review.kind
+    name = review.object_name
+    return Decision(
+        allowed=False,
+        warnings=list(warnings),
+        code=422,
+        reason="Invalid",
+        message=fe.render(qualified, name, errors),
+        details={
+            "name": name,
+            "group": review.group,
+            "kind": review.kind,
+            "causes": [
+                {"reason": e.type.reason, "message": e.body, "field": e.path} for e in errors
+            ],
+        },
+    )
+
+
+def _diff(before: dict[str, Any], after: dict[str, Any]) -> list[dict[str, Any]] | None:
+    ops: list[dict[str, Any]] = jsonpatch.make_patch(before, after).patch
+    return ops or None
+
+
+# --- runtimes ----------------------------------------------------------------------------------
+
+
+def validate_runtime_review(review: Review, cache: Cache) -> Decision:
+    if _skips(review):
+        return Decision()
+    assert review.object is not None
+    old = review.old_object if review.operation == "UPDATE" else None
+    verdict = validate_runtime(review.object, old)
+    if not verdict.allowed:
+        return denied(review, verdict.errors, verdict.warnings)
+    return Decision(warnings=list(verdict.warnings))
+
+
+def mutate_runtime_review(review: Review, cache: Cache) -> Decision:
+    if _skips(review):
+        return Decision()
+    assert review.object is not None
+    return Decision(patch=_diff(review.object, defaults.with_default_policies(review.object)))
+
+
+# --- TrainJobs ---------------------------------------------------------------------------------
+
+
+def validate_trainjob_review(review: Review, cache: Cache) -> Decision:
+    if _skips(review):
+        return Decision()
+    assert review.object is not None
+    trainjob, errs = parse(TrainJob, review.object)
+    if trainjob is None:
+        return denied(review, errs)
+    old = None
+    if review.operation == "UPDATE" and review.old_object is not None:
+        old = parse(TrainJob, review.old_object)[0]
+    namespace = review.namespace or trainjob.namespace
+    ref = trainjob.spec.runtime_ref
+    runtime = cache.runtime(ref.kind, namespace, ref.name or "")
+    if runtime is None and old is None and not cache.connected:
+        return denied(review, [_runtime_unknowable(trainjob)])
+    gang_exists = (
+        old is not None and runtime is not None and runtime.layout is not None and wants_gang(old)
+    )
+    verdict = check_trainjob(trainjob, runtime, old, gang_exists)
+    if not verdict.allowed:
+        return denied(review, verdict.errors, verdict.warnings)
+    return Decision(warnings=list(verdict.warnings))
+
+
+def _runtime_unknowable(trainjob: TrainJob) -> FieldError:
+    # Without a cluster the cache cannot know any runtime. The chart's failurePolicy for this
+    # webhook is Fail ("no TrainJob goes unchecked"), so an unknowable runtime is denied too.
+    kind = trainjob.spec.runtime_ref.kind or CLUSTER_RUNTIME_KIND
+    return fe.not_found(
+        Path("spec", "runtimeRef", "name"),
+        trainjob.spec.runtime_ref.name,
+        f"the webhook service has no cluster connection, so it cannot find the {kind}; "
+        "start it with a kubeconfig",
+    )
+
+
+# --- Pods (the hot path: every pod of every TrainJob) -------------------------------------------
+
+
+def mutate_pod_review(review: Review, cache: Cache) -> Decision:
+    if review.operation != "CREATE" or review.sub_resource:
+        return Decision()
+    pod = review.object
+    assert pod is not None
+    meta = pod.get("metadata")
+    labels = meta.get("labels") if isinstance(meta, dict) else None
+    trainjob = labels.get(JOBSET_NAME) if isinstance(labels, dict) else None
+    if not isinstance(trainjob, str):
+        return Decision()  # not a JobSet pod, so not a TrainJob's
+    spec = pod.get("spec")
+    if isinstance(spec, dict) and spec.get("schedulingGroup") is not None:
+        return Decision()  # already in a group: whoever set it decides
+    namespace = review.namespace
+    if not namespace and isinstance(meta, dict) and isinstance(meta.get("namespace"), str):
+        namespace = meta["namespace"]
+    lookup = cache.plan_for(namespace, trainjob)
+    if lookup.plan is None:
+        if lookup.state == "no-scheduling":
+            return Decision()
+        return Decision(warnings=[f"schedulingGroup not set: {lookup.detail}"])
+    assert isinstance(labels, dict)
+    group = pod_group_for_labels(lookup.plan, labels)
+    if group is None:
+        return Decision()  # an untargeted ReplicatedJob: default scheduling
+    return Decision(patch=[pod_group_op(spec, group)])
+
+
+def pod_group_op(spec: Any, pod_group: str) -> dict[str, Any]:
+    """The one JSON Patch operation that puts a pod in `pod_group` (what jsonpatch would say)."""
+    value = {"podGroupName": pod_group}
+    if not isinstance(spec, dict):
+        op = "replace" if spec is not None else "add"
+        return {"op": op, "path": "/spec", "value": {"schedulingGroup": value}}
+    op = "replace" if "schedulingGroup" in spec else "add"
+    return {"op": op, "path": "/spec/schedulingGroup", "value": value}
+
+
+# --- Workloads and PodGroups -------------------------------------------------------------------
+
+
+def mutate_workload_review(review: Review, cache: Cache) -> Decision:
+    if _skips(review):
+        return Decision()
+    workload = review.object
+    assert workload is not None
+    spec = workload.get("spec")
+    templates = spec.get("podGroupTemplates") if isinstance(spec, dict) else None
+    if not isinstance(templates, list) or not any(
+        isinstance(t, dict) and defaults.lacks_min_count(t.get("schedulingPolicy"))
+        for t in templates
+    ):
+        return Decision()
+    return _default_min_count(review, cache, workload, defaults.with_workload_min_counts)
+
+
+def mutate_pod_group_review(review: Review, cache: Cache) -> Decision:
+    if _skips(review):
+        return Decision()
+    pod_group = review.object
+    assert pod_group is not None
+    spec = pod_group.get("spec")
+    if not isinstance(spec, dict) or not defaults.lacks_min_count(spec.get("schedulingPolicy")):
+        return Decision()
+    return _default_min_count(review, cache, pod_group, defaults.with_pod_group_min_count)
+
+
+def _default_min_count(
+    review: Review,
+    cache: Cache,
+    obj: dict[str, Any],
+    fill: Callable[[dict[str, Any], Any], tuple[dict[str, Any], list[str]]],
+) -> Decision:
+    trainjob = defaults.controlling_trainjob(obj)
+    if trainjob is None:
+        return Decision()  # not a TrainJob's: the API server will ask for minCount itself
+    lookup = cache.plan_for(review.namespace, trainjob)
+    if lookup.plan is None:
+        return Decision(warnings=[f"minCount not defaulted: {lookup.detail or lookup.state}"])
+    mutated, warnings = fill(obj, lookup.plan)
+    return Decision(patch=_diff(obj, mutated), warnings=warnings)

@@ -1,0 +1,178 @@
+"""The AdmissionReview `admission.k8s.io/v1` envelope: parse a request, encode a response.
+
+Parsing is strict about the envelope and lenient about the object: anything the handlers rely on
+is checked here once, so a hostile body fails with a message instead of deep in a handler.
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+API_VERSION = "admission.k8s.io/v1"
+KIND = "AdmissionReview"
+OPERATIONS = frozenset({"CREATE", "UPDATE", "DELETE", "CONNECT"})
+MAX_WARNING = 256  # the API server may truncate longer warnings; keep ours whole and short
+
+
+class BadReview(ValueError):
+    """The body is not an AdmissionReview this service can answer; `uid` if one was readable."""
+
+    def __init__(self, message: str, uid: str | None = None) -> None:
+        super().__init__(message)
+        self.uid = uid
+
+
+@dataclass(slots=True)
+class Review:
+    uid: str
+    group: str
+    version: str
+    kind: str
+    resource: str
+    sub_resource: str
+    name: str
+    namespace: str
+    operation: str
+    username: str
+    object: dict[str, Any] | None
+    old_object: dict[str, Any] | None
+    dry_run: bool
+
+    @property
+    def target(self) -> dict[str, Any] | None:
+        """The object the request is about: the new one, or the stored one on DELETE."""
+        return self.object if self.object is not None else self.old_object
+
+    @property
+    def object_name(self) -> str:
+        """`name`, else the object's name, else its generateName (pods of a Job controller)."""
+        if self.name:
+            return self.name
+        meta = (self.target or {}).get("metadata")
+        if isinstance(meta, dict):
+            for key in ("name", "generateName"):
+                value = meta.get(key)
+                if isinstance(value, str) and value:
+                    return value
+        return ""
+
+
+@dataclass(slots=True)
+class Decision:
+    allowed: bool = True
+    patch: list[dict[str, Any]] | None = None
+    warnings: list[str] = field(default_factory=list)
+    code: int = 200
+    reason: str = ""
+    message: str = ""
+    details: dict[str, Any] | None = None
+
+
+def parse(body: bytes) -> Review:
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as err:
+        raise BadReview(f"body is not JSON: {err}") from None
+    if not isinstance(doc, dict):
+        raise BadReview("body is not a JSON object")
+    if doc.get("kind") != KIND or doc.get("apiVersion") != API_VERSION:
+        raise BadReview(
+            f"expected kind {KIND} apiVersion {API_VERSION}, got kind {_show(doc.get('kind'))} "
+            f"apiVersion {_show(doc.get('apiVersion'))}"
+        )
+    req = doc.get("request")
+    if not isinstance(req, dict):
+        raise BadReview("request is missing or not an object")
+    uid = req.get("uid")
+    if not isinstance(uid, str) or not uid:
+        raise BadReview("request.uid is missing or not a string")
+    kind = _dict(req, "kind", uid)
+    resource = _dict(req, "resource", uid)
+    operation = req.get("operation")
+    if operation not in OPERATIONS:
+        raise BadReview(
+            f"request.operation {_show(operation)} is not CREATE, UPDATE, DELETE or CONNECT", uid
+        )
+    obj = _object(req, "object", uid)
+    old = _object(req, "oldObject", uid)
+    if operation in ("CREATE", "UPDATE") and obj is None:
+        raise BadReview(f"request.object is missing on {operation}", uid)
+    if operation == "UPDATE" and old is None:
+        raise BadReview("request.oldObject is missing on UPDATE", uid)
+    user = req.get("userInfo")
+    dry_run = req.get("dryRun", False)
+    return Review(
+        uid=uid,
+        group=_str(kind, "group"),
+        version=_str(kind, "version"),
+        kind=_str(kind, "kind"),
+        resource=_str(resource, "resource"),
+        sub_resource=_str(req, "subResource"),
+        name=_str(req, "name"),
+        namespace=_str(req, "namespace"),
+        operation=operation,
+        username=_str(user, "username") if isinstance(user, dict) else "",
+        object=obj,
+        old_object=old,
+        dry_run=dry_run is True,
+    )
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _dict(req: dict[str, Any], key: str, uid: str) -> dict[str, Any]:
+    value = req.get(key)
+    if not isinstance(value, dict):
+        raise BadReview(f"request.{key} is missing or not an object", uid)
+    return value
+
+
+def _object(req: dict[str, Any], key: str, uid: str) -> dict[str, Any] | None:
+    value = req.get(key)
+    if value is not None and not isinstance(value, dict):
+        raise BadReview(f"request.{key} is not an object", uid)
+    return value
+
+
+def _str(doc: dict[str, Any], key: str) -> str:
+    value = doc.get(key)
+    return value if isinstance(value, str) else ""
+
+
+# --- responses ---------------------------------------------------------------------------------
+
+
+def encode(uid: str, decision: Decision) -> bytes:
+    response: dict[str, Any] = {"uid": uid, "allowed": decision.allowed}
+    if decision.patch:
+        response["patchType"] = "JSONPatch"
+        response["patch"] = base64.b64encode(orjson.dumps(decision.patch)).decode()
+    if not decision.allowed:
+        status: dict[str, Any] = {
+            "code": decision.code,
+            "reason": decision.reason,
+            "message": decision.message,
+        }
+        if decision.details is not None:
+            status["details"] = decision.details
+        response["status"] = status
+    if decision.warnings:
+        response["warnings"] = [_cap(w) for w in decision.warnings]
+    return orjson.dumps({"apiVersion": API_VERSION, "kind": KIND, "response": response})
+
+
+def _cap(warning: str) -> str:
+    return warning if len(warning) <= MAX_WARNING else warning[: MAX_WARNING - 3] + "..."
+
+
+def errored(code: int, message: str) -> Decision:
+    """controller-runtime's `admission.Errored`: the review is not one this webhook can judge."""
+    reason = "BadRequest" if code == 400 else "InternalError"
+    return Decision(allowed=False, code=code, reason=reason, message=message)

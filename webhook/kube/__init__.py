@@ -1,0 +1,1 @@
+"""The Kubernetes side: client configuration, watches and the cache they feed."""

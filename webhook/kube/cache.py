@@ -1,0 +1,167 @@
+"""The in-process cache of TrainJobs and runtimes, fed by watches (see `informer.py`).
+
+The admission handlers read only from here, never from the API server, so a review costs dict
+lookups. Derived values (a parsed and checked runtime, a TrainJob's plan) are memoised on the
+cache entry they came from: an update replaces the entry, and with it the memo.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ..core.fields import parse
+from ..core.plan import Plan, PlanningError, build_plan
+from ..core.trainer import CLUSTER_RUNTIME_KIND, NAMESPACED_RUNTIME_KIND, Runtime, TrainJob
+from ..core.validation import CheckedRuntime, check_stored_runtime
+
+Key = tuple[str, str]  # (namespace or "", name)
+EventType = Literal["ADDED", "MODIFIED", "DELETED"]
+
+
+class Entry:
+    """One cached object plus whatever was derived from it."""
+
+    __slots__ = ("memo", "memo_key", "raw")
+
+    def __init__(self, raw: dict[str, Any]) -> None:
+        self.raw = raw
+        self.memo: Any = None
+        self.memo_key: Any = None
+
+
+def key_of(raw: Mapping[str, Any]) -> Key | None:
+    meta = raw.get("metadata")
+    if not isinstance(meta, dict) or not isinstance(meta.get("name"), str):
+        return None
+    ns = meta.get("namespace")
+    return (ns if isinstance(ns, str) else "", meta["name"])
+
+
+class Store:
+    """The objects of one resource, as the last list and the watch events since have them."""
+
+    def __init__(self, resource: str) -> None:
+        self.resource = resource
+        self.synced = False
+        self._entries: dict[Key, Entry] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, namespace: str, name: str) -> Entry | None:
+        return self._entries.get((namespace, name))
+
+    def replace(self, items: Iterable[dict[str, Any]]) -> None:
+        """A fresh list: the store becomes exactly these objects (keeping unchanged entries)."""
+        fresh: dict[Key, Entry] = {}
+        for raw in items:
+            key = key_of(raw)
+            if key is None:
+                continue
+            old = self._entries.get(key)
+            fresh[key] = old if old is not None and old.raw == raw else Entry(raw)
+        self._entries = fresh
+        self.synced = True
+
+    def apply(self, event: EventType, raw: dict[str, Any]) -> None:
+        key = key_of(raw)
+        if key is None:
+            return
+        if event == "DELETED":
+            self._entries.pop(key, None)
+        else:
+            self._entries[key] = Entry(raw)
+
+
+@dataclass(frozen=True)
+class PlanLookup:
+    """A TrainJob's plan as the cache sees it; `state` says why there is none."""
+
+    state: Literal["ok", "no-trainjob", "no-runtime", "no-scheduling", "invalid"]
+    plan: Plan | None = None
+    detail: str = ""
+
+
+class Cache:
+    """TrainJobs, TrainingRuntimes and ClusterTrainingRuntimes.
+
+    `connected` is False when the service runs without a cluster: the stores stay empty and
+    count as synced, so the webhooks still answer (and say they know nothing).
+    """
+
+    def __init__(self, connected: bool) -> None:
+        self.connected = connected
+        self.trainjobs = Store("trainjobs")
+        self.training_runtimes = Store("trainingruntimes")
+        self.cluster_runtimes = Store("clustertrainingruntimes")
+        if not connected:
+            for store in self.stores:
+                store.synced = True
+
+    @property
+    def stores(self) -> tuple[Store, ...]:
+        return (self.trainjobs, self.training_runtimes, self.cluster_runtimes)
+
+    @property
+    def synced(self) -> bool:
+        return all(store.synced for store in self.stores)
+
+    def runtime(self, kind: str | None, namespace: str, name: str) -> CheckedRuntime | None:
+        """A runtime, checked once per version; `kind` as in a TrainJob's runtimeRef."""
+        entry = self._runtime_entry(kind, namespace, name)
+        return None if entry is None else _checked_runtime(entry)
+
+    def plan_for(self, namespace: str, name: str) -> PlanLookup:
+        """The plan of TrainJob namespace/name under its runtime's current version."""
+        entry = self.trainjobs.get(namespace, name)
+        if entry is None:
+            detail = f'no TrainJob "{namespace}/{name}" in the cache'
+            return PlanLookup("no-trainjob", detail=detail)
+        kind, runtime_name = _runtime_ref(entry.raw)
+        runtime_entry = self._runtime_entry(kind, namespace, runtime_name)
+        if runtime_entry is None:
+            kind = kind or CLUSTER_RUNTIME_KIND
+            return PlanLookup("no-runtime", detail=f'no {kind} "{runtime_name}" in the cache')
+        if entry.memo_key is runtime_entry:  # planned before against this very runtime version
+            memo: PlanLookup = entry.memo
+            return memo
+        trainjob, _ = parse(TrainJob, entry.raw)
+        if trainjob is None:
+            lookup = PlanLookup("invalid", detail=f'TrainJob "{namespace}/{name}" does not parse')
+        else:
+            try:
+                plan = build_plan(trainjob, _checked_runtime(runtime_entry))
+                lookup = (
+                    PlanLookup("ok", plan)
+                    if plan
+                    else PlanLookup("no-scheduling", detail=f"{kind} has no spec.scheduling")
+                )
+            except PlanningError as err:
+                lookup = PlanLookup("invalid", detail=str(err.errors[0]))
+        entry.memo, entry.memo_key = lookup, runtime_entry
+        return lookup
+
+    def _runtime_entry(self, kind: str | None, namespace: str, name: str) -> Entry | None:
+        if kind in (None, "", CLUSTER_RUNTIME_KIND):
+            return self.cluster_runtimes.get("", name)
+        if kind == NAMESPACED_RUNTIME_KIND:
+            return self.training_runtimes.get(namespace, name)
+        return None
+
+
+def _checked_runtime(entry: Entry) -> CheckedRuntime:
+    if entry.memo is None:
+        entry.memo = check_stored_runtime(parse(Runtime, entry.raw)[0] or Runtime())
+    checked: CheckedRuntime = entry.memo
+    return checked
+
+
+def _runtime_ref(raw: Mapping[str, Any]) -> tuple[str | None, str]:
+    spec = raw.get("spec")
+    ref = spec.get("runtimeRef") if isinstance(spec, dict) else None
+    if not isinstance(ref, dict):
+        return None, ""
+    kind, name = ref.get("kind"), ref.get("name")
+    return (kind if isinstance(kind, str) else None), (name if isinstance(name, str) else "")

@@ -1,0 +1,191 @@
+"""The ASGI apps: admission webhooks (served over TLS) and health probes (plain HTTP).
+
+Each webhook path is a small raw-ASGI endpoint inside the FastAPI app: the body is read once
+(bounded in size and time), parsed once with orjson and answered with orjson, so the pod path
+stays lean; FastAPI gives the routing, 404/405 answers and the probes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+from starlette.routing import Route
+
+from ..admission.review import BadReview, Decision, Review, encode, errored, parse
+from ..admission.routes import WEBHOOKS, Webhook
+from ..kube.cache import Cache
+from .logs import FIELDS
+
+log = logging.getLogger("webhook.admission")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_body_bytes: int = 6 * 1024 * 1024  # object + oldObject at the 1.5 MiB etcd limit, and more
+    body_timeout: float = 10.0  # the API server gives up after timeoutSeconds (at most 30) anyway
+
+
+class _BodyError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+async def _read_body(receive: Receive, scope: Scope, limits: Limits) -> bytes:
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            try:
+                declared = int(value)
+            except ValueError:
+                raise _BodyError(400, "Content-Length is not a number") from None
+            if declared > limits.max_body_bytes:
+                raise _BodyError(413, f"body over {limits.max_body_bytes} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async with asyncio.timeout(limits.body_timeout):
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise _BodyError(400, "client disconnected")
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > limits.max_body_bytes:
+                    raise _BodyError(413, f"body over {limits.max_body_bytes} bytes")
+                chunks.append(chunk)
+                if not message.get("more_body", False):
+                    return b"".join(chunks)
+    except TimeoutError:
+        raise _BodyError(408, f"body not received within {limits.body_timeout:g}s") from None
+
+
+async def _send(send: Send, status: int, body: bytes) -> None:
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+@dataclass
+class AdmissionEndpoint:
+    """One webhook path as a raw ASGI app."""
+
+    webhook: Webhook
+    cache: Cache
+    limits: Limits = field(default_factory=Limits)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        start = time.perf_counter()
+        try:
+            body = await _read_body(receive, scope, self.limits)
+        except _BodyError as err:
+            self._log_rejected(err.status, str(err), start)
+            await _send(send, err.status, orjson.dumps({"error": str(err)}))
+            return
+        review: Review | None = None
+        try:
+            review = parse(body)
+            decision = self.webhook.judge(review) or self.webhook.handler(review, self.cache)
+            uid = review.uid
+        except BadReview as err:
+            if err.uid is None:  # nothing to answer a review with: a plain 400
+                self._log_rejected(400, str(err), start)
+                await _send(send, 400, orjson.dumps({"error": str(err)}))
+                return
+            decision, uid = errored(400, str(err)), err.uid
+        except Exception:  # a bug of ours must not become a traceback to the API server
+            uid = review.uid if review is not None else ""
+            log.exception("handler failed", extra={FIELDS: {"uid": uid}})
+            if review is None:
+                await _send(send, 500, orjson.dumps({"error": "internal error"}))
+                return
+            decision = errored(500, f"internal error in {self.webhook.path}; see the service log")
+        await _send(send, 200, encode(uid, decision))
+        self._log_review(review, uid, decision, start)
+
+    def _log_review(
+        self, review: Review | None, uid: str, decision: Decision, start: float
+    ) -> None:
+        if not log.isEnabledFor(logging.INFO):
+            return
+        fields: dict[str, Any] = {
+            "webhook": self.webhook.name,
+            "uid": uid,
+            "decision": "allowed" if decision.allowed else "denied",
+            "patch_ops": len(decision.patch or ()),
+            "duration_ms": round((time.perf_counter() - start) * 1000, 3),
+        }
+        if review is not None:
+            fields.update(
+                kind=review.kind,
+                namespace=review.namespace,
+                name=review.object_name,
+                operation=review.operation,
+                user=review.username,
+                dry_run=review.dry_run,
+            )
+        if decision.warnings:
+            fields["warnings"] = decision.warnings
+        if not decision.allowed:
+            fields["code"] = decision.code
+            fields["message"] = decision.message
+        log.info("admission review", extra={FIELDS: fields})
+
+    def _log_rejected(self, status: int, message: str, start: float) -> None:
+        fields = {
+            "webhook": self.webhook.name,
+            "status": status,
+            "error": message,
+            "duration_ms": round((time.perf_counter() - start) * 1000, 3),
+        }
+        log.warning("request rejected", extra={FIELDS: fields})
+
+
+def admission_app(cache: Cache, limits: Limits | None = None) -> FastAPI:
+    app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+    for webhook in WEBHOOKS:
+        endpoint = AdmissionEndpoint(webhook, cache, limits or Limits())
+        app.router.routes.append(Route(webhook.path, endpoint, methods=["POST"]))
+    return app
+
+
+# --- probes ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Readiness:
+    """What must hold before the service takes reviews: name -> check."""
+
+    checks: dict[str, Callable[[], bool]] = field(default_factory=dict)
+
+    def failing(self) -> list[str]:
+        return [name for name, check in self.checks.items() if not check()]
+
+
+def health_app(readiness: Readiness) -> FastAPI:
+    app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    async def readyz() -> JSONResponse:
+        failing = readiness.failing()
+        if failing:
+            return JSONResponse({"status": "not ready", "failing": failing}, status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    return app

@@ -1,0 +1,118 @@
+"""`serve`: the webhooks over TLS, the probes over plain HTTP, the cache's watches; one process.
+
+Shutdown (SIGTERM or SIGINT): /readyz turns false, the TLS listener closes, in-flight reviews
+finish (up to `shutdown_timeout`), then the probes and the watches stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+from ..kube.cache import Cache
+from ..kube.client import connect, informers
+from ..tls.reload import ReloadingContext
+from .app import Limits, Readiness, admission_app, health_app
+
+log = logging.getLogger("webhook.serve")
+
+
+@dataclass(frozen=True)
+class Settings:
+    host: str = "0.0.0.0"
+    port: int = 9443
+    health_port: int = 8081
+    cert_dir: Path = Path("certs")
+    kubeconfig: str | None = None
+    cert_poll_seconds: float = 5.0
+    shutdown_timeout: float = 25.0  # under the pod's default 30 s grace period
+    limits: Limits = field(default_factory=Limits)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handling: `Service` decides when both servers stop."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class Service:
+    def __init__(self, settings: Settings, cache: Cache, tls: ReloadingContext) -> None:
+        self.settings = settings
+        self.cache = cache
+        self.tls = tls
+        self.stopping = asyncio.Event()
+        self.readiness = Readiness(
+            {
+                "certificate": lambda: tls.loaded,
+                "cache": lambda: cache.synced,
+                "not-stopping": lambda: not self.stopping.is_set(),
+            }
+        )
+        s = settings
+        common = {"log_config": None, "access_log": False, "lifespan": "off", "http": "httptools"}
+        self.webhooks = _Server(
+            uvicorn.Config(
+                admission_app(cache, s.limits),
+                host=s.host,
+                port=s.port,
+                ssl_context_factory=lambda config, default: tls.context,
+                timeout_graceful_shutdown=int(s.shutdown_timeout),
+                timeout_keep_alive=30,
+                **common,  # type: ignore[arg-type]
+            )
+        )
+        self.probes = _Server(
+            uvicorn.Config(health_app(self.readiness), host=s.host, port=s.health_port, **common)  # type: ignore[arg-type]
+        )
+
+    def stop(self) -> None:
+        if not self.stopping.is_set():
+            log.info("shutting down: finishing in-flight reviews")
+            self.stopping.set()
+            self.webhooks.should_exit = True
+
+    async def run(self, background: list[asyncio.Task[None]]) -> None:
+        watcher = asyncio.create_task(self._watch_certificate())
+        probes = asyncio.create_task(self.probes.serve())
+        try:
+            await self.webhooks.serve()
+        finally:
+            self.probes.should_exit = True
+            await probes
+            for task in [watcher, *background]:
+                task.cancel()
+            await asyncio.gather(watcher, *background, return_exceptions=True)
+            log.info("stopped")
+
+    async def _watch_certificate(self) -> None:
+        while True:
+            self.tls.reload()
+            await asyncio.sleep(self.settings.cert_poll_seconds)
+
+
+async def serve(settings: Settings) -> None:
+    tls = ReloadingContext(settings.cert_dir / "tls.crt", settings.cert_dir / "tls.key")
+    tls.reload()
+    api = await connect(settings.kubeconfig)
+    cache = Cache(connected=api is not None)
+    service = Service(settings, cache, tls)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, service.stop)
+    tasks = [asyncio.create_task(i.run()) for i in informers(api, cache)] if api else []
+    try:
+        await service.run(tasks)
+    finally:
+        if api is not None:
+            close: Any = api.close  # untyped in the client
+            await close()

@@ -1,0 +1,1 @@
+"""TLS: development certificates and hot-reloaded server contexts."""

@@ -1,0 +1,87 @@
+"""A server TLS context whose certificate follows `tls.crt`/`tls.key` on disk, without restart.
+
+uvicorn gets one `SSLContext` for the life of the server. Its `sni_callback` runs for every new
+handshake (with or without SNI) and hands the connection the context built from the newest
+certificate; a new context is built whole and checked before it replaces the old one, so a
+half-written or mismatched pair is never served. Connections already open keep theirs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import ssl
+from datetime import datetime
+from pathlib import Path
+
+from .certs import expiry
+
+log = logging.getLogger("webhook.tls")
+
+
+def server_context() -> ssl.SSLContext:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.set_alpn_protocols(["http/1.1"])
+    return ctx
+
+
+class ReloadingContext:
+    def __init__(self, cert_file: Path, key_file: Path) -> None:
+        self.cert_file = cert_file
+        self.key_file = key_file
+        self.context = server_context()  # the one uvicorn holds
+        self.context.sni_callback = self._choose
+        self.current: ssl.SSLContext | None = None
+        self.expires_at: datetime | None = None
+        self._digest: bytes | None = None
+
+    @property
+    def loaded(self) -> bool:
+        return self.current is not None
+
+    def reload(self) -> bool:
+        """Load the files if they changed; True when a new certificate is now served.
+
+        The files are read, loaded, and read again: a pair that changed in between (a rotation
+        caught midway) is not taken, so the digest always describes what is served.
+        """
+        try:
+            cert, digest = self._read()
+        except OSError as err:
+            log.warning("certificate not readable", extra={"fields": {"error": str(err)}})
+            return False
+        if digest == self._digest:
+            return False
+        try:
+            fresh = server_context()
+            fresh.load_cert_chain(self.cert_file, self.key_file)
+            expires = expiry(cert)
+            if self._read()[1] != digest:  # changed while loading: judge it next time
+                return False
+            if self.current is None:  # the outer context too, for clients that skip the callback
+                self.context.load_cert_chain(self.cert_file, self.key_file)
+        except (OSError, ssl.SSLError, ValueError) as err:
+            # Typically the cert and key were caught mid-rotation: keep serving the old pair.
+            log.warning(
+                "certificate not loaded, keeping the previous one",
+                extra={"fields": {"cert": str(self.cert_file), "error": str(err)}},
+            )
+            return False
+        self.current, self.expires_at, self._digest = fresh, expires, digest
+        log.info(
+            "certificate loaded",
+            extra={"fields": {"cert": str(self.cert_file), "expires": expires.isoformat()}},
+        )
+        return True
+
+    def _read(self) -> tuple[bytes, bytes]:
+        """The certificate, and a digest of certificate and key together."""
+        cert, key = self.cert_file.read_bytes(), self.key_file.read_bytes()
+        return cert, hashlib.sha256(cert + b"\0" + key).digest()
+
+    def _choose(
+        self, conn: ssl.SSLObject | ssl.SSLSocket, server_name: str | None, ctx: ssl.SSLContext
+    ) -> None:
+        if self.current is not None:
+            conn.context = self.current
