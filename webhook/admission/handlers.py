@@ -100,9 +100,9 @@ def validate_trainjob_review(review: Review, cache: Cache) -> Decision:
         old is not None and runtime is not None and runtime.layout is not None and wants_gang(old)
     )
     verdict = check_trainjob(trainjob, runtime, old, gang_exists)
-    if not verdict.allowed:
-        return denied(review, verdict.errors, verdict.warnings)
-    return Decision(warnings=list(verdict.warnings))
+    # The runtime's own warnings went to its author at its apply; the TrainJob's author would
+    # only see them on every submission, so they are not repeated here.
+    return Decision() if verdict.allowed else denied(review, verdict.errors)
 
 
 def _runtime_unknowable(trainjob: TrainJob) -> FieldError:
@@ -145,14 +145,15 @@ def mutate_pod_review(review: Review, cache: Cache) -> Decision:
     group = pod_group_for_labels(lookup.plan, labels)
     if group is None:
         return Decision()  # an untargeted ReplicatedJob: default scheduling
-    return Decision(patch=[pod_group_op(spec, group)])
+    return Decision(patch=[pod_group_op(pod, group)])
 
 
-def pod_group_op(spec: Any, pod_group: str) -> dict[str, Any]:
+def pod_group_op(pod: dict[str, Any], pod_group: str) -> dict[str, Any]:
     """The one JSON Patch operation that puts a pod in `pod_group` (what jsonpatch would say)."""
     value = {"podGroupName": pod_group}
+    spec = pod.get("spec")
     if not isinstance(spec, dict):
-        op = "replace" if spec is not None else "add"
+        op = "replace" if "spec" in pod else "add"
         return {"op": op, "path": "/spec", "value": {"schedulingGroup": value}}
     op = "replace" if "schedulingGroup" in spec else "add"
     return {"op": op, "path": "/spec/schedulingGroup", "value": value}

@@ -1,0 +1,216 @@
+"""A real webhook server for tests: TLS on a free port, run in a thread (or a subprocess).
+
+Tests talk to it over real HTTPS with httpx; nothing inside the server is patched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from webhook.kube.cache import Cache
+from webhook.server.app import Limits
+from webhook.server.run import Service, Settings
+from webhook.tls.certs import CertSpec, issue, write
+from webhook.tls.reload import ReloadingContext
+
+from .paths import FIXTURES, REPO
+
+# The objects the fixture reviews were captured against, as the cluster stored them last.
+CACHE_OBJECTS = (
+    "clustertrainingruntime-update-server-side-apply.validate.json",  # torch-distributed
+    "clustertrainingruntime-create-level2.validate.json",  # deepspeed-distributed
+    "clustertrainingruntime-create-level3-server-side-apply.validate.json",  # torch-...-rack
+    "trainingruntime-create.validate.json",  # team-a/torch-team
+    "trainjob-create.validate.json",  # team-a/my-job, uid cc796b1d-...
+)
+
+
+def fixture(name: str) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads((FIXTURES / name).read_text())
+    return doc
+
+
+def fixture_names() -> list[str]:
+    return sorted(p.name for p in FIXTURES.glob("*.json"))
+
+
+def fixture_cache() -> Cache:
+    """A connected, synced cache holding what the cluster held when the fixtures were taken."""
+    cache = Cache(connected=True)
+    stores = {
+        "TrainJob": cache.trainjobs,
+        "TrainingRuntime": cache.training_runtimes,
+        "ClusterTrainingRuntime": cache.cluster_runtimes,
+    }
+    items: dict[str, list[dict[str, Any]]] = {kind: [] for kind in stores}
+    for name in CACHE_OBJECTS:
+        obj = fixture(name)["request"]["object"]
+        items[obj["kind"]].append(obj)
+    for kind, store in stores.items():
+        store.replace(items[kind])
+    return cache
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def make_certs(directory: Path, **spec: Any) -> Path:
+    """Writes a fresh CA and serving pair into `directory`; returns the CA file."""
+    write(issue(CertSpec(**spec)), directory)
+    return directory / "ca.crt"
+
+
+@dataclass
+class RunningServer:
+    url: str
+    health_url: str
+    ca_file: Path
+    cert_dir: Path
+    cache: Cache
+    service: Service
+    loop: asyncio.AbstractEventLoop | None = None
+    thread: threading.Thread | None = None
+    errors: list[BaseException] = field(default_factory=list)
+
+    def client(self, **kwargs: Any) -> httpx.Client:
+        verify = ssl.create_default_context(cafile=str(self.ca_file))
+        return httpx.Client(base_url=self.url, verify=verify, timeout=10, **kwargs)
+
+    def stop(self) -> None:
+        assert self.loop is not None and self.thread is not None
+        self.loop.call_soon_threadsafe(self.service.stop)
+        self.thread.join(timeout=30)
+
+
+@contextlib.contextmanager
+def running_server(
+    cache: Cache,
+    cert_dir: Path,
+    limits: Limits | None = None,
+    cert_poll_seconds: float = 5.0,
+    shutdown_timeout: float = 5.0,
+) -> Iterator[RunningServer]:
+    """The service's own `Service` (webhooks + probes) in a thread, with the given cache."""
+    if not (cert_dir / "tls.crt").exists():
+        make_certs(cert_dir)
+    settings = Settings(
+        host="127.0.0.1",
+        port=free_port(),
+        health_port=free_port(),
+        cert_dir=cert_dir,
+        cert_poll_seconds=cert_poll_seconds,
+        shutdown_timeout=shutdown_timeout,
+        limits=limits or Limits(),
+    )
+    tls = ReloadingContext(cert_dir / "tls.crt", cert_dir / "tls.key")
+    tls.reload()
+    service = Service(settings, cache, tls)
+    server = RunningServer(
+        url=f"https://localhost:{settings.port}",
+        health_url=f"http://127.0.0.1:{settings.health_port}",
+        ca_file=cert_dir / "ca.crt",
+        cert_dir=cert_dir,
+        cache=cache,
+        service=service,
+    )
+
+    async def main() -> None:
+        server.loop = asyncio.get_running_loop()
+        await service.run([])
+
+    def target() -> None:
+        try:
+            asyncio.run(main())
+        except BaseException as err:  # surfaced by the test through `errors`
+            server.errors.append(err)
+
+    server.thread = threading.Thread(target=target, daemon=True)
+    server.thread.start()
+    wait_ready(server.health_url)
+    try:
+        yield server
+    finally:
+        server.stop()
+    assert not server.errors, server.errors
+
+
+def wait_ready(health_url: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{health_url}/readyz", timeout=1).status_code == 200:
+                return
+        time.sleep(0.05)
+    raise TimeoutError(f"{health_url}/readyz never turned 200")
+
+
+@dataclass
+class ServerProcess:
+    """`python -m webhook serve` as a real process (for signals, memory and startup)."""
+
+    process: subprocess.Popen[bytes]
+    url: str
+    health_url: str
+    log_file: Path
+
+    def log_lines(self) -> list[dict[str, Any]]:
+        lines = self.log_file.read_text().splitlines()
+        return [json.loads(line) for line in lines if line.startswith("{")]
+
+    def rss_kib(self) -> int:
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+        raise RuntimeError("no VmRSS")
+
+
+@contextlib.contextmanager
+def server_process(cert_dir: Path, *args: str, wait: bool = True) -> Iterator[ServerProcess]:
+    port, health = free_port(), free_port()
+    log_file = cert_dir.parent / f"serve-{port}.log"
+    env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+    cmd = [sys.executable, "-m", "webhook", "serve", "--host", "127.0.0.1"]
+    cmd += ["--port", str(port), "--health-port", str(health), "--cert-dir", str(cert_dir), *args]
+    with open(log_file, "wb") as log:
+        process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env)
+    proc = ServerProcess(
+        process, f"https://localhost:{port}", f"http://127.0.0.1:{health}", log_file
+    )
+    try:
+        if wait:
+            wait_ready(proc.health_url)
+        yield proc
+    finally:
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def webhook_path(review: dict[str, Any], verb: str) -> str:
+    """The path of the service's webhook for a review's resource (controller-runtime naming)."""
+    kind = review["request"]["kind"]
+    group = kind["group"].replace(".", "-")
+    return f"/{verb}-{group}-{kind['version']}-{kind['kind'].lower()}"

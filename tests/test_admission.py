@@ -1,0 +1,281 @@
+"""The webhooks over real HTTPS, fed the AdmissionReviews a real kube-apiserver sent.
+
+Each captured review goes to the service's webhook for its resource; the test checks the decision,
+the warnings and the object that results from applying the returned patch, then sends that object
+again and expects an empty patch (idempotence).
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import jsonpatch
+import orjson
+import pytest
+import yaml
+
+from webhook.admission.routes import WEBHOOKS
+from webhook.kube.cache import Cache
+
+from .harness import (
+    RunningServer,
+    fixture,
+    fixture_cache,
+    fixture_names,
+    running_server,
+    webhook_path,
+)
+from .paths import SAMPLES
+
+PATHS = {w.path for w in WEBHOOKS}
+# was-api §4: the level-1 Workload, template and PodGroup of team-a/my-job share one name.
+MY_JOB_GROUP = "my-job-f438be8c51"
+POD_PATCH = [
+    {"op": "add", "path": "/spec/schedulingGroup", "value": {"podGroupName": MY_JOB_GROUP}}
+]
+# README fact 20: the patch the API server accepted for a hand-written `gang: {}` Workload.
+MIN_COUNT_PATCH = [
+    {
+        "op": "replace",
+        "path": "/spec/podGroupTemplates/0/schedulingPolicy/gang/minCount",
+        "value": 100,
+    }
+]
+EXPECTED_PATCHES: dict[str, list[dict[str, Any]]] = {
+    "clustertrainingruntime-create-level1.mutate.json": [
+        {"op": "add", "path": "/spec/scheduling/schedulingPolicy", "value": {"gang": {}}}
+    ],
+    "pod-create-by-job-controller.mutate.json": POD_PATCH,
+    "pod-create-by-job-controller.validate.json": POD_PATCH,
+    "pod-create-by-job-controller-index-1.mutate.json": POD_PATCH,
+    "pod-create-by-job-controller-index-1.validate.json": POD_PATCH,
+    "pod-create-as-job-controller-serviceaccount.mutate.json": POD_PATCH,
+    "pod-create-as-job-controller-serviceaccount.validate.json": POD_PATCH,
+    "workload-create-gang-without-mincount-patched.mutate.json": MIN_COUNT_PATCH,
+    # Same shape (controllerRef to my-job); captured while the webhook still answered no patch.
+    "workload-create-gang-without-mincount-rejected.mutate.json": MIN_COUNT_PATCH,
+}
+LAUNCHER_WARNING = (
+    'scheduling: "launcher" starts after "node": it joins its gang later, outside minCount'
+)
+EXPECTED_WARNINGS = {"clustertrainingruntime-create-level2.validate.json": [LAUNCHER_WARNING]}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    with running_server(fixture_cache(), tmp_path_factory.mktemp("certs")) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def client(server: RunningServer) -> Iterator[httpx.Client]:
+    with server.client() as c:
+        yield c
+
+
+def path_for(name: str, review: dict[str, Any]) -> str:
+    """The webhook a capture belongs to: its own verb's, else the one the service has."""
+    verb = "mutate" if ".mutate." in name else "validate"
+    other = "validate" if verb == "mutate" else "mutate"
+    for candidate in (webhook_path(review, verb), webhook_path(review, other)):
+        if candidate in PATHS:
+            return candidate
+    raise AssertionError(f"no webhook for {name}")
+
+
+def send(client: httpx.Client, path: str, review: dict[str, Any]) -> dict[str, Any]:
+    r = client.post(
+        path, content=orjson.dumps(review), headers={"content-type": "application/json"}
+    )
+    assert r.status_code == 200, r.text
+    doc: dict[str, Any] = r.json()
+    assert doc["apiVersion"] == "admission.k8s.io/v1"
+    assert doc["kind"] == "AdmissionReview"
+    response: dict[str, Any] = doc["response"]
+    assert response["uid"] == review["request"]["uid"]
+    return response
+
+
+def patch_of(response: dict[str, Any]) -> list[dict[str, Any]] | None:
+    if "patch" not in response:
+        assert "patchType" not in response
+        return None
+    assert response["patchType"] == "JSONPatch"
+    ops: list[dict[str, Any]] = json.loads(base64.b64decode(response["patch"]))
+    assert ops, "an empty patch must be left out"
+    return ops
+
+
+@pytest.mark.parametrize("name", fixture_names())
+def test_captured_review(client: httpx.Client, name: str) -> None:
+    review = fixture(name)
+    path = path_for(name, review)
+    response = send(client, path, review)
+    assert response["allowed"] is True, response
+    assert response.get("warnings", []) == EXPECTED_WARNINGS.get(name, [])
+    ops = patch_of(response)
+    assert ops == EXPECTED_PATCHES.get(name)
+    if ops is None:
+        return
+    original = review["request"]["object"]
+    patched = jsonpatch.apply_patch(original, ops)
+    # Only what the patch names changed: the diff back to the original is the patch itself.
+    assert jsonpatch.make_patch(original, patched).patch == ops
+    again = copy.deepcopy(review)
+    again["request"]["object"] = patched
+    again["request"]["uid"] = review["request"]["uid"] + "-again"
+    assert patch_of(send(client, path, again)) is None, "the mutation is not idempotent"
+
+
+def test_pod_patch_puts_every_pod_of_the_job_in_the_group(client: httpx.Client) -> None:
+    review = fixture("pod-create-by-job-controller.mutate.json")
+    pod = review["request"]["object"]
+    patched = jsonpatch.apply_patch(pod, patch_of(send(client, "/mutate--v1-pod", review)) or [])
+    assert patched["spec"]["schedulingGroup"] == {"podGroupName": MY_JOB_GROUP}
+    assert {k: v for k, v in patched["spec"].items() if k != "schedulingGroup"} == pod["spec"]
+
+
+def test_dry_run_gets_the_same_answer(client: httpx.Client) -> None:
+    review = fixture("pod-create-by-job-controller.mutate.json")
+    dry = copy.deepcopy(review)
+    dry["request"]["dryRun"] = True
+    dry["request"]["options"]["dryRun"] = ["All"]
+    assert send(client, "/mutate--v1-pod", dry) == send(client, "/mutate--v1-pod", review)
+
+
+# --- denials -----------------------------------------------------------------------------------
+
+
+def runtime_review(runtime: dict[str, Any], operation: str = "CREATE") -> dict[str, Any]:
+    review = fixture("clustertrainingruntime-create-level1.validate.json")
+    review["request"]["object"] = runtime
+    review["request"]["name"] = runtime["metadata"]["name"]
+    review["request"]["operation"] = operation
+    return review
+
+
+def test_invalid_runtime_denied_the_way_the_api_server_words_it(client: httpx.Client) -> None:
+    runtime = yaml.safe_load((SAMPLES / "invalid.runtime.yaml").read_text())
+    response = send(
+        client, webhook_path(runtime_review(runtime), "validate"), runtime_review(runtime)
+    )
+    assert response["allowed"] is False
+    status = response["status"]
+    assert (status["code"], status["reason"]) == (422, "Invalid")
+    prefix = 'ClusterTrainingRuntime.trainer.kubeflow.org "torchtune-broken" is invalid: ['
+    assert status["message"].startswith(prefix)
+    assert status["message"].endswith("]")
+    details = status["details"]
+    assert (details["name"], details["group"], details["kind"]) == (
+        "torchtune-broken",
+        "trainer.kubeflow.org",
+        "ClusterTrainingRuntime",
+    )
+    causes = {(c["field"], c["reason"]) for c in details["causes"]}
+    rjs = "spec.scheduling.replicatedJobs"
+    assert causes == {
+        (f"{rjs}[0].schedulingPolicy.gang.minCount", "FieldValueForbidden"),
+        (f"{rjs}[1].schedulingConstraints.topology", "FieldValueTooMany"),
+        (f"{rjs}[0].targetReplicatedJobs", "FieldValueInvalid"),
+        (f"{rjs}[1].targetReplicatedJobs[0]", "FieldValueDuplicate"),
+        (f"{rjs}[1].targetReplicatedJobs[1]", "FieldValueInvalid"),
+    }
+    typo = next(c for c in details["causes"] if c["field"].endswith("targetReplicatedJobs[1]"))
+    assert typo["message"].startswith('Invalid value: "nodes": no ReplicatedJob of that name')
+    # The message lists each cause as `field: message`, as field.ErrorList does.
+    for cause in details["causes"]:
+        assert f"{cause['field']}: {cause['message']}" in status["message"]
+
+
+def trainjob_review(name: str = "trainjob-create.validate.json") -> dict[str, Any]:
+    return fixture(name)
+
+
+def test_trainjob_with_an_unknown_runtime_is_denied(client: httpx.Client) -> None:
+    review = trainjob_review()
+    review["request"]["object"]["spec"]["runtimeRef"]["name"] = "no-such-runtime"
+    response = send(client, "/validate-trainer-kubeflow-org-v1alpha1-trainjob", review)
+    assert response["allowed"] is False
+    assert response["status"]["message"] == (
+        'TrainJob.trainer.kubeflow.org "my-job" is invalid: spec.runtimeRef.name: Not found: '
+        '"no-such-runtime": no ClusterTrainingRuntime of that name; create the runtime first or '
+        "fix spec.runtimeRef"
+    )
+
+
+def test_num_nodes_change_needs_the_gang_gone(client: httpx.Client) -> None:
+    review = trainjob_review("trainjob-update-suspend.validate.json")
+    old = review["request"]["oldObject"]
+    new = review["request"]["object"]
+    new["spec"]["trainer"]["numNodes"] = 64
+    for suspended, allowed in ((False, False), (True, True)):
+        old["spec"]["suspend"] = suspended
+        response = send(client, "/validate-trainer-kubeflow-org-v1alpha1-trainjob", review)
+        assert response["allowed"] is allowed, response
+    old["spec"]["suspend"] = False
+    message = send(client, "/validate-trainer-kubeflow-org-v1alpha1-trainjob", review)["status"][
+        "message"
+    ]
+    assert "spec.trainer.numNodes: Forbidden: may not change from 100 to 64" in message
+
+
+def test_wrong_resource_for_the_path_is_an_error_answer(client: httpx.Client) -> None:
+    review = fixture("pod-create-by-job-controller.mutate.json")
+    response = send(client, "/validate-trainer-kubeflow-org-v1alpha1-trainjob", review)
+    assert response["allowed"] is False
+    assert response["status"]["code"] == 400
+    assert "handles trainer.kubeflow.org/trainjobs, not pods" in response["status"]["message"]
+
+
+# --- no cluster -------------------------------------------------------------------------------
+
+
+def test_without_a_cluster_pods_pass_with_a_warning_and_trainjobs_are_denied(
+    tmp_path: Path,
+) -> None:
+    with running_server(Cache(connected=False), tmp_path / "certs") as srv, srv.client() as c:
+        pod = fixture("pod-create-by-job-controller.mutate.json")
+        response = send(c, "/mutate--v1-pod", pod)
+        assert response["allowed"] is True
+        assert patch_of(response) is None
+        assert response["warnings"] == [
+            'schedulingGroup not set: no TrainJob "team-a/my-job" in the cache'
+        ]
+        response = send(c, "/validate-trainer-kubeflow-org-v1alpha1-trainjob", trainjob_review())
+        assert response["allowed"] is False
+        assert "has no cluster connection" in response["status"]["message"]
+        # Runtimes need no cluster: they are judged on their own.
+        runtime = fixture("clustertrainingruntime-create-level2.validate.json")
+        response = send(
+            c, "/validate-trainer-kubeflow-org-v1alpha1-clustertrainingruntime", runtime
+        )
+        assert response["allowed"] is True
+
+
+# --- logs ------------------------------------------------------------------------------------
+
+
+def test_one_json_log_line_per_review(
+    client: httpx.Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    review = fixture("pod-create-as-job-controller-serviceaccount.mutate.json")
+    with caplog.at_level(logging.INFO, logger="webhook.admission"):
+        send(client, "/mutate--v1-pod", review)
+    records = [r for r in caplog.records if r.name == "webhook.admission"]
+    assert len(records) == 1
+    fields: dict[str, Any] = records[0].__dict__["fields"]
+    assert fields["uid"] == review["request"]["uid"]
+    assert fields["kind"] == "Pod"
+    assert (fields["namespace"], fields["name"]) == ("team-a", "my-job-node-0-0-")
+    assert fields["operation"] == "CREATE"
+    assert fields["user"] == "system:serviceaccount:kube-system:job-controller"
+    assert fields["decision"] == "allowed"
+    assert fields["patch_ops"] == 1
+    assert fields["duration_ms"] > 0

@@ -1,0 +1,184 @@
+"""`serve` as a platform engineer runs it: certificate rotation, probes, SIGTERM."""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import signal
+import socket
+import ssl
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives.serialization import Encoding
+
+from webhook.tls.certs import CertSpec, issue, write
+
+from .harness import fixture, fixture_cache, make_certs, running_server, server_process
+
+REVIEW = fixture("pod-create-by-job-controller.mutate.json")
+BODY = orjson.dumps(REVIEW)
+PATH = "/mutate--v1-pod"
+
+
+def fingerprint_of_file(cert_file: Path) -> str:
+    cert = x509.load_pem_x509_certificate(cert_file.read_bytes())
+    return hashlib.sha256(cert.public_bytes(Encoding.DER)).hexdigest()
+
+
+def review_over_new_connection(port: int, ctx: ssl.SSLContext) -> tuple[int, bytes, str]:
+    """One review on a fresh TLS connection: status, body, and the certificate it presented."""
+    conn = http.client.HTTPSConnection("localhost", port, context=ctx, timeout=10)
+    try:
+        conn.request("POST", PATH, body=BODY, headers={"Content-Type": "application/json"})
+        response = conn.getresponse()
+        assert conn.sock is not None
+        der = conn.sock.getpeercert(binary_form=True)
+        assert der is not None
+        return response.status, response.read(), hashlib.sha256(der).hexdigest()
+    finally:
+        conn.close()
+
+
+def trusting(*ca_files: Path) -> ssl.SSLContext:
+    ctx = ssl.create_default_context()
+    for ca in ca_files:
+        ctx.load_verify_locations(cafile=str(ca))
+    return ctx
+
+
+def test_certificate_rotation_without_failed_requests(tmp_path: Path) -> None:
+    certs = tmp_path / "certs"
+    old_ca = make_certs(certs)
+    (tmp_path / "old-ca.crt").write_bytes(old_ca.read_bytes())
+    old_print = fingerprint_of_file(certs / "tls.crt")
+    new = issue(CertSpec())  # a new CA too: clients of the old one must not matter
+    (tmp_path / "new-ca.crt").write_bytes(new.ca_cert_pem)
+    ctx = trusting(tmp_path / "old-ca.crt", tmp_path / "new-ca.crt")
+
+    with running_server(fixture_cache(), certs, cert_poll_seconds=0.05) as srv:
+        port = int(srv.url.rsplit(":", 1)[1])
+        # A keep-alive connection opened before the rotation keeps working after it.
+        with httpx.Client(base_url=srv.url, verify=ctx) as kept:
+            assert kept.post(PATH, content=BODY).status_code == 200
+
+            seen: list[str] = []
+            failures: list[str] = []
+            stop = threading.Event()
+
+            def hammer() -> None:
+                while not stop.is_set():
+                    try:
+                        status, body, presented = review_over_new_connection(port, ctx)
+                        doc = orjson.loads(body)
+                        if status != 200 or doc["response"]["uid"] != REVIEW["request"]["uid"]:
+                            failures.append(f"{status}: {body[:200]!r}")
+                        seen.append(presented)
+                    except Exception as err:  # any failed request fails the test
+                        failures.append(repr(err))
+
+            clients = [threading.Thread(target=hammer) for _ in range(2)]
+            for t in clients:
+                t.start()
+            time.sleep(0.5)
+            before = len(seen)
+            write(new, certs)  # key first, then cert: a mismatched pair exists for a moment
+            new_print = fingerprint_of_file(certs / "tls.crt")
+            deadline = time.monotonic() + 10
+            while new_print not in seen[before:] and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(0.3)
+            stop.set()
+            for t in clients:
+                t.join()
+            assert kept.post(PATH, content=BODY).status_code == 200
+
+    assert not failures, failures[:5]
+    assert before > 5 and seen[0] == old_print
+    switched = seen.index(new_print)
+    # New connections after the switch present the new certificate, and only that.
+    assert set(seen[: switched - 2]) == {old_print}
+    assert set(seen[switched + 2 :]) == {new_print}
+    assert len(seen) - switched > 5
+
+
+def test_a_mismatched_pair_is_not_served(tmp_path: Path) -> None:
+    certs = tmp_path / "certs"
+    ca = make_certs(certs)
+    old_print = fingerprint_of_file(certs / "tls.crt")
+    with running_server(fixture_cache(), certs, cert_poll_seconds=0.05) as srv:
+        port = int(srv.url.rsplit(":", 1)[1])
+        other = issue(CertSpec())
+        (certs / "tls.key").write_bytes(other.key_pem)  # a key without its certificate
+        time.sleep(0.5)
+        status, _, presented = review_over_new_connection(port, trusting(ca))
+        assert (status, presented) == (200, old_print)
+        assert httpx.get(f"{srv.health_url}/readyz").status_code == 200
+
+
+def test_readyz_waits_for_the_certificate(tmp_path: Path) -> None:
+    certs = tmp_path / "certs"
+    certs.mkdir()
+    with server_process(certs, "--cert-poll-seconds", "0.1", wait=False) as proc:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                health = httpx.get(f"{proc.health_url}/healthz", timeout=1)
+                break
+            except httpx.HTTPError:
+                assert time.monotonic() < deadline, proc.log_file.read_text()
+                time.sleep(0.1)
+        assert health.status_code == 200
+        ready = httpx.get(f"{proc.health_url}/readyz")
+        assert ready.status_code == 503
+        assert ready.json()["failing"] == ["certificate"]
+        ca = make_certs(certs)
+        deadline = time.monotonic() + 10
+        while httpx.get(f"{proc.health_url}/readyz").status_code != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        with httpx.Client(verify=trusting(ca)) as client:
+            assert client.post(f"{proc.url}{PATH}", content=BODY).status_code == 200
+
+
+def test_sigterm_finishes_in_flight_reviews_then_exits(tmp_path: Path) -> None:
+    certs = tmp_path / "certs"
+    ca = make_certs(certs)
+    with server_process(certs) as proc:
+        port = int(proc.url.rsplit(":", 1)[1])
+        raw = socket.create_connection(("127.0.0.1", port))
+        sock = trusting(ca).wrap_socket(raw, server_hostname="localhost")
+        head = (
+            f"POST {PATH} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(BODY)}\r\n\r\n"
+        ).encode()
+        sock.sendall(head + BODY[:100])  # a review in flight: half its body sent
+        time.sleep(0.3)
+        proc.process.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        assert proc.process.poll() is None, "exited with a review in flight"
+        draining = httpx.get(f"{proc.health_url}/readyz")
+        assert draining.status_code == 503
+        assert "not-stopping" in draining.json()["failing"]
+        with pytest.raises((httpx.ConnectError, httpx.ReadError)):
+            httpx.post(f"{proc.url}{PATH}", content=BODY, verify=trusting(ca), timeout=2)
+        sock.sendall(BODY[100:])
+        reply = b""
+        while b"\r\n\r\n" not in reply or not reply.rstrip().endswith(b"}"):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            reply += chunk
+        sock.close()
+        assert reply.startswith(b"HTTP/1.1 200"), reply[:200]
+        body = orjson.loads(reply.split(b"\r\n\r\n", 1)[1])
+        assert body["response"]["uid"] == REVIEW["request"]["uid"]
+        assert proc.process.wait(timeout=20) == 0
+        messages = [line["msg"] for line in proc.log_lines()]
+        assert "shutting down: finishing in-flight reviews" in messages
+        assert messages[-1] == "stopped"
