@@ -4,7 +4,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 SAMPLES := webhook/samples
 
-.PHONY: setup test lint format typecheck unit run plan bench clean
+CERT_DIR ?= certs
+SERVE_ARGS ?=
+
+.PHONY: setup test lint format typecheck unit run certs plan bench clean
 
 setup: $(VENV)/.installed
 
@@ -31,17 +34,27 @@ typecheck: setup
 unit: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-## run: the planner on the shipped samples (the webhook server, `serve`, is the next milestone)
-run: plan
+## run: the webhook service on https://localhost:9443 (probes on :8081) with development
+## certificates; it uses the cluster in $$KUBECONFIG when set, else runs without one
+run: setup $(CERT_DIR)/tls.crt
+	$(PY) -m webhook serve --cert-dir $(CERT_DIR) $(SERVE_ARGS)
+
+## certs: a development CA and serving certificate in $(CERT_DIR)/ (kept if present)
+certs: $(CERT_DIR)/tls.crt
+
+$(CERT_DIR)/tls.crt: | setup
+	$(PY) -m webhook certs --out $(CERT_DIR)
 
 plan: setup
 	$(PY) -m webhook plan -f $(SAMPLES)/torch-100-nodes.trainjob.yaml -f $(SAMPLES)/torch-distributed.runtime.yaml
 	$(PY) -m webhook plan -f $(SAMPLES)/deepspeed-8-nodes.trainjob.yaml -f $(SAMPLES)/deepspeed-distributed.runtime.yaml
 	$(PY) -m webhook plan -f $(SAMPLES)/torch-rack.trainjob.yaml -f $(SAMPLES)/torch-rack.runtime.yaml
 
-## bench: speed and memory figures of the planning core (prints numbers; not a test)
+## bench: speed and memory figures (prints numbers; not a test): the planning core, then
+## concurrent HTTPS reviews against the service and against a bare uvicorn app
 bench: setup
 	$(PY) -m tests.bench.plan_bench
+	$(PY) -m tests.bench.admission_bench
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis *.egg-info

@@ -53,8 +53,38 @@ def denied(review: Review, errors: Sequence[FieldError], warnings: Sequence[str]
 
 
 def _diff(before: dict[str, Any], after: dict[str, Any]) -> list[dict[str, Any]] | None:
-    ops: list[dict[str, Any]] = jsonpatch.make_patch(before, after).patch
+    """jsonpatch's diff of the raw object and its mutated copy.
+
+    The defaults copy only what they change, so every subtree the two share is the same object;
+    jsonpatch would still walk each one (recursing as deep as the object is nested), so shared
+    subtrees are first replaced by one stand-in: the diff then sees just the changed spine.
+    """
+    ops: list[dict[str, Any]] = jsonpatch.make_patch(*_prune(before, after)).patch
     return ops or None
+
+
+_SHARED = 0  # stands in for a subtree both sides share
+
+
+def _prune(before: Any, after: Any) -> tuple[Any, Any]:
+    if before is after:
+        return _SHARED, _SHARED
+    if isinstance(before, dict) and isinstance(after, dict):
+        b: dict[str, Any] = {}
+        a: dict[str, Any] = {}
+        for key, value in before.items():
+            if key in after:
+                b[key], a[key] = _prune(value, after[key])
+            else:
+                b[key] = value
+        for key, value in after.items():
+            if key not in before:
+                a[key] = value
+        return b, a
+    if isinstance(before, list) and isinstance(after, list) and len(before) == len(after):
+        pairs = [_prune(x, y) for x, y in zip(before, after, strict=True)]
+        return [p[0] for p in pairs], [p[1] for p in pairs]
+    return before, after
 
 
 # --- runtimes ----------------------------------------------------------------------------------

@@ -93,7 +93,7 @@ def parse(body: bytes) -> Review:
     kind = _dict(req, "kind", uid)
     resource = _dict(req, "resource", uid)
     operation = req.get("operation")
-    if operation not in OPERATIONS:
+    if not isinstance(operation, str) or operation not in OPERATIONS:
         raise BadReview(
             f"request.operation {_show(operation)} is not CREATE, UPDATE, DELETE or CONNECT", uid
         )
@@ -123,8 +123,11 @@ def parse(body: bytes) -> Review:
 
 
 def _show(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    """A short rendering of a value the client sent, safe for any value (no deep repr)."""
+    if value is None or isinstance(value, (str, int, float, bool)):
+        text = repr(value)
+        return text if len(text) <= 60 else text[:57] + "..."
+    return f"a JSON {'object' if isinstance(value, dict) else 'array'}"
 
 
 def _dict(req: dict[str, Any], key: str, uid: str) -> dict[str, Any]:

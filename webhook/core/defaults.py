@@ -1,8 +1,10 @@
 """Defaults the mutating webhooks fill in (pure: no I/O).
 
-Each function takes the raw object exactly as the API server sent it and returns a mutated deep
-copy, so the caller can diff the two into a JSON Patch: fields the service does not model are never
-touched. Every function is idempotent: its output, passed in again, comes back unchanged.
+Each function takes the raw object exactly as the API server sent it and returns a mutated copy,
+so the caller can diff the two into a JSON Patch: fields the service does not model are never
+touched. Copies are made only along the changed path (copy on write): the input is never modified,
+and an object nested ever so deeply costs no recursion. Every function is idempotent: its output,
+passed in again, comes back unchanged.
 """
 
 from __future__ import annotations
@@ -28,29 +30,39 @@ def with_default_policies(runtime: Mapping[str, Any]) -> dict[str, Any]:
     entry. Level 3: on each entry's `job`. Shapes that are not objects are left for validation
     to reject, so a broken spec is never made worse.
     """
-    out = copy.deepcopy(dict(runtime))
+    out = dict(runtime)
     spec = out.get("spec")
-    scheduling = spec.get("scheduling") if isinstance(spec, dict) else None
-    if not isinstance(scheduling, dict):
+    if not isinstance(spec, dict) or not isinstance(spec.get("scheduling"), dict):
         return out
+    scheduling = _own(_own(out, "spec"), "scheduling")
     entries = scheduling.get("replicatedJobs")
     if entries is None:
-        _default_policy(scheduling)
+        if scheduling.get("schedulingPolicy") is None:
+            scheduling["schedulingPolicy"] = copy.deepcopy(GANG_DEFAULT)
         return out
-    for entry in entries if isinstance(entries, list) else []:
+    if not isinstance(entries, list):
+        return out
+    entries = scheduling["replicatedJobs"] = list(entries)
+    for i, entry in enumerate(entries):
         if not isinstance(entry, dict):
             continue
         job = entry.get("job")
-        if job is None:
-            _default_policy(entry)
-        elif isinstance(job, dict):
-            _default_policy(job)
+        if job is None and entry.get("schedulingPolicy") is None:
+            entries[i] = {**entry, "schedulingPolicy": copy.deepcopy(GANG_DEFAULT)}
+        elif isinstance(job, dict) and job.get("schedulingPolicy") is None:
+            entries[i] = {**entry, "job": {**job, "schedulingPolicy": copy.deepcopy(GANG_DEFAULT)}}
     return out
 
 
-def _default_policy(level: dict[str, Any]) -> None:
-    if level.get("schedulingPolicy") is None:
-        level["schedulingPolicy"] = copy.deepcopy(GANG_DEFAULT)
+def _own(parent: dict[str, Any], key: str) -> dict[str, Any]:
+    """`parent[key]` (a dict), replaced by a shallow copy the caller may change."""
+    child = dict(parent[key])
+    parent[key] = child
+    return child
+
+
+def _with_min_count(policy: dict[str, Any], min_count: int) -> dict[str, Any]:
+    return {**policy, "gang": {**policy["gang"], "minCount": min_count}}
 
 
 # --- Workloads and PodGroups -------------------------------------------------------------------
@@ -97,11 +109,14 @@ def with_workload_min_counts(
     workload: Mapping[str, Any], plan: Plan
 ) -> tuple[dict[str, Any], list[str]]:
     """Each gang template lacking minCount gets its plan group's minCount; warnings for the rest."""
-    out = copy.deepcopy(dict(workload))
+    out = dict(workload)
     warnings: list[str] = []
     spec = out.get("spec")
     templates = spec.get("podGroupTemplates") if isinstance(spec, dict) else None
-    for tmpl in templates if isinstance(templates, list) else []:
+    if not isinstance(templates, list):
+        return out, warnings
+    templates = _own(out, "spec")["podGroupTemplates"] = list(templates)
+    for i, tmpl in enumerate(templates):
         if not isinstance(tmpl, dict) or not lacks_min_count(tmpl.get("schedulingPolicy")):
             continue
         name = tmpl.get("name")
@@ -109,7 +124,8 @@ def with_workload_min_counts(
         if group is None or group.min_count is None:
             warnings.append(_unmatched(plan, name))
             continue
-        tmpl["schedulingPolicy"]["gang"]["minCount"] = group.min_count
+        policy = _with_min_count(tmpl["schedulingPolicy"], group.min_count)
+        templates[i] = {**tmpl, "schedulingPolicy": policy}
     return out, warnings
 
 
@@ -117,10 +133,11 @@ def with_pod_group_min_count(
     pod_group: Mapping[str, Any], plan: Plan
 ) -> tuple[dict[str, Any], list[str]]:
     """A gang PodGroup lacking minCount gets its plan group's minCount."""
-    out = copy.deepcopy(dict(pod_group))
+    out = dict(pod_group)
     spec = out.get("spec")
     if not isinstance(spec, dict) or not lacks_min_count(spec.get("schedulingPolicy")):
         return out, []
+    spec = _own(out, "spec")
     meta = out.get("metadata")
     name = meta.get("name") if isinstance(meta, dict) else None
     ref = spec.get("workloadRef")
@@ -130,7 +147,7 @@ def with_pod_group_min_count(
         group = match_group(plan, template)
     if group is None or group.min_count is None:
         return out, [_unmatched(plan, template or name)]
-    spec["schedulingPolicy"]["gang"]["minCount"] = group.min_count
+    spec["schedulingPolicy"] = _with_min_count(spec["schedulingPolicy"], group.min_count)
     return out, []
 
 

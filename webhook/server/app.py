@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Route
 
 from ..admission.review import BadReview, Decision, Review, encode, errored, parse
@@ -112,8 +113,9 @@ class AdmissionEndpoint:
                 await _send(send, 500, orjson.dumps({"error": "internal error"}))
                 return
             decision = errored(500, f"internal error in {self.webhook.path}; see the service log")
-        await _send(send, 200, encode(uid, decision))
-        self._log_review(review, uid, decision, start)
+        out = encode(uid, decision)
+        self._log_review(review, uid, decision, start)  # before the answer: no review goes unlogged
+        await _send(send, 200, out)
 
     def _log_review(
         self, review: Review | None, uid: str, decision: Decision, start: float
@@ -154,10 +156,19 @@ class AdmissionEndpoint:
 
 
 def admission_app(cache: Cache, limits: Limits | None = None) -> FastAPI:
-    app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+    # No slash redirects: the API server would not follow one, so a wrong path is a plain 404.
+    app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None, redirect_slashes=False)
     for webhook in WEBHOOKS:
         endpoint = AdmissionEndpoint(webhook, cache, limits or Limits())
         app.router.routes.append(Route(webhook.path, endpoint, methods=["POST"]))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def not_a_webhook(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # A wrong path or method usually means a misconfigured webhook configuration: say so.
+        fields = {"path": request.url.path, "method": request.method, "status": exc.status_code}
+        log.warning("request rejected", extra={FIELDS: fields})
+        return JSONResponse({"error": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+
     return app
 
 
