@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kubernetes.aio import watch
+import orjson
 from kubernetes.aio.client import ApiClient, CustomObjectsApi
 from kubernetes.aio.client.exceptions import ApiException
 
@@ -101,24 +101,37 @@ class Informer:
         log.info("listed", extra=self._fields(objects=len(self.store)))
 
     async def _watch(self) -> None:
+        """One watch request, read line by line until the server ends it.
+
+        The stream is read here rather than through `kubernetes.aio.watch.Watch`, which takes an
+        HTTP error with an empty body (a proxy's 503) for a clean end and would retry at once,
+        forever; here any status but 200 is an ApiException, and so is an ERROR event.
+        """
         r = self.resource
-        new_watch: Any = watch.Watch  # untyped in the client
-        stream = new_watch()
-        async with stream:
-            async for event in stream.stream(
-                self.api.list_cluster_custom_object,
-                r.group,
-                r.version,
-                r.plural,
-                resource_version=self.resource_version or None,
-                timeout_seconds=self.watch_timeout,
-                allow_watch_bookmarks=True,
-            ):
-                self._apply(event)
-                self.backoff.reset()
+        response: Any = await self.api.list_cluster_custom_object_without_preload_content(
+            r.group,
+            r.version,
+            r.plural,
+            watch=True,
+            allow_watch_bookmarks=True,
+            resource_version=self.resource_version or None,
+            timeout_seconds=self.watch_timeout,
+            # The client's default request timeout (300 s) would cut long watches short.
+            _request_timeout=self.watch_timeout + 30,
+        )
+        try:
+            if response.status != 200:
+                body = (await response.read())[:500].decode(errors="replace")
+                raise ApiException(status=response.status, reason=response.reason, body=body)
+            async for line in response.content:
+                if line.strip():
+                    self._apply(_event(line))
+                    self.backoff.reset()
+        finally:
+            response.release()
 
     def _apply(self, event: dict[str, Any]) -> None:
-        kind, obj = event.get("type"), event.get("raw_object")
+        kind, obj = event.get("type"), event.get("object")
         if not isinstance(obj, dict):
             return
         if kind in ("ADDED", "MODIFIED", "DELETED"):
@@ -137,6 +150,17 @@ class Informer:
 
     def _fields(self, **more: Any) -> dict[str, Any]:
         return {"fields": {"resource": str(self.resource), **more}}
+
+
+def _event(line: bytes) -> dict[str, Any]:
+    event = orjson.loads(line)
+    if not isinstance(event, dict):
+        raise ValueError("a watch event is not a JSON object")
+    if event.get("type") == "ERROR":  # e.g. 410 Gone: the resourceVersion is too old
+        status = event.get("object")
+        status = status if isinstance(status, dict) else {}
+        raise ApiException(status=status.get("code"), reason=status.get("message"))
+    return event
 
 
 def _resource_version(obj: dict[str, Any]) -> str | None:

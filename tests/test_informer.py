@@ -1,0 +1,465 @@
+"""The cache's informers against a Kubernetes API emulator (kmock) over real HTTP; then the whole
+service pointed at the emulator with a kubeconfig, as it runs in production.
+
+The emulator is `tests.kube_emulator.VersionedEmulator`: kmock's in-memory API server plus real
+resourceVersions, watches that resume from one, 410 Gone for a compacted one and watch timeouts.
+Failures are kmock reactions on the next watch or list requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import copy
+import json
+import ssl
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import kmock
+import pytest
+from kubernetes.aio.client import ApiClient, Configuration
+
+from tests.harness import ServerProcess, fixture, make_certs, server_process, webhook_path
+from tests.kube_emulator import (
+    CLUSTER_RUNTIMES,
+    LIST,
+    TRAINING_RUNTIMES,
+    TRAINJOBS,
+    WATCH,
+    VersionedEmulator,
+    broken_stream,
+    create,
+    delete,
+    emulator,
+    expired_event,
+    kubeconfig,
+    next_requests,
+    patch,
+    plain_emulator,
+    status,
+    status_object,
+)
+from webhook.core.plan import pod_group_for_labels
+from webhook.kube import client as kube_client
+from webhook.kube.cache import Cache, Store
+from webhook.kube.informer import Informer, Resource
+
+POD_GROUP = "my-job-f438be8c51"  # the Workload/PodGroup name of team-a/my-job (test_plan.py)
+RESOURCES: dict[str, tuple[Resource, kmock.resource]] = {
+    "trainjobs": (kube_client.TRAINJOBS, TRAINJOBS),
+    "clustertrainingruntimes": (kube_client.CLUSTER_RUNTIMES, CLUSTER_RUNTIMES),
+}
+
+
+def trainjob(namespace: str = "team-a", name: str = "my-job") -> dict[str, Any]:
+    obj: dict[str, Any] = copy.deepcopy(
+        fixture("trainjob-create.validate.json")["request"]["object"]
+    )
+    obj["metadata"].update(namespace=namespace, name=name)
+    return obj
+
+
+def cluster_runtime(name: str = "torch-distributed") -> dict[str, Any]:
+    review = fixture("clustertrainingruntime-update-server-side-apply.validate.json")
+    obj: dict[str, Any] = copy.deepcopy(review["request"]["object"])
+    obj["metadata"]["name"] = name
+    return obj
+
+
+def make(kind: str, namespace: str, name: str) -> dict[str, Any]:
+    return trainjob(namespace, name) if kind == "trainjobs" else cluster_runtime(name)
+
+
+@contextlib.asynccontextmanager
+async def api_client(url: str) -> AsyncIterator[ApiClient]:
+    api = ApiClient(configuration=Configuration(host=url))
+    try:
+        yield api
+    finally:
+        close: Any = api.close  # untyped in the client
+        await close()
+
+
+@contextlib.asynccontextmanager
+async def running(*informers: Informer) -> AsyncIterator[None]:
+    tasks = [asyncio.create_task(i.run()) for i in informers]
+    try:
+        yield
+    finally:
+        for task in tasks:
+            task.cancel()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        for result in results:  # run() only ever ends by cancellation
+            assert isinstance(result, asyncio.CancelledError), result
+
+
+async def eventually(check: Callable[[], bool], what: str, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout}s: {what}")
+        await asyncio.sleep(0.01)
+
+
+def keys(store: Store) -> set[tuple[str, str]]:
+    return set(store._entries)
+
+
+class FakeSleep:
+    """The informer's `sleep`: records each backoff delay; waits only for `gate`, if closed."""
+
+    def __init__(self) -> None:
+        self.delays: list[float] = []
+        self.gate = asyncio.Event()
+        self.gate.set()
+
+    async def __call__(self, delay: float) -> None:
+        self.delays.append(delay)
+        await self.gate.wait()
+
+
+# --- 1. list, then watch ------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("versioned", [True, False], ids=["versioned", "kmock-plain"])
+@pytest.mark.parametrize("kind", ["trainjobs", "clustertrainingruntimes"])
+async def test_list_fills_the_store_and_the_watch_follows_changes(
+    kind: str, versioned: bool
+) -> None:
+    resource, res = RESOURCES[kind]
+    cluster_scoped = kind == "clustertrainingruntimes"
+    ns_a, ns_b = ("", "") if cluster_scoped else ("team-a", "team-b")
+    start = emulator if versioned else plain_emulator
+    async with start() as (k, url), api_client(url) as api:
+        await create(k, res, make(kind, ns_a, "first"))
+        await create(k, res, make(kind, ns_b, "second"))  # another namespace: listed across all
+        store = Store(kind)
+        informer = Informer(api, resource, store)
+        assert not store.synced
+        async with running(informer):
+            await eventually(lambda: store.synced, "the store synced")
+            assert keys(store) == {(ns_a, "first"), (ns_b, "second")}
+            assert len(k[LIST, res]) == 1
+
+            await create(k, res, make(kind, ns_b, "third"))
+            await eventually(lambda: store.get(ns_b, "third") is not None, "created one added")
+            entry = store.get(ns_b, "third")
+            assert entry is not None and entry.raw["spec"] == make(kind, ns_b, "third")["spec"]
+
+            await patch(k, res, ns_a or None, "first", {"metadata": {"labels": {"edited": "yes"}}})
+
+            def edited() -> bool:
+                entry = store.get(ns_a, "first")
+                labels = entry.raw["metadata"].get("labels", {}) if entry is not None else {}
+                return bool(labels.get("edited") == "yes")
+
+            await eventually(edited, "modified one updated")
+
+            await delete(k, res, ns_b or None, "second")
+            await eventually(lambda: store.get(ns_b, "second") is None, "deleted one removed")
+            assert keys(store) == {(ns_a, "first"), (ns_b, "third")}
+            assert (informer.restarts, len(k[LIST, res]), len(k[WATCH, res])) == (0, 1, 1)
+            if isinstance(k, VersionedEmulator):  # resumes from the server's latest version
+                assert informer.resource_version == str(k.resource_version)
+
+
+@pytest.mark.asyncio
+async def test_a_watch_that_times_out_resumes_without_listing_again() -> None:
+    async with emulator() as (k, url), api_client(url) as api:
+        store = Store("trainjobs")
+        informer = Informer(api, kube_client.TRAINJOBS, store, watch_timeout=1)
+        async with running(informer):
+            await eventually(lambda: store.synced, "the store synced")
+            listed_at = informer.resource_version
+            await create(k, TRAINJOBS, trainjob())
+            await eventually(lambda: len(k[WATCH, TRAINJOBS]) >= 2, "a second watch", 3)
+            await create(k, TRAINJOBS, trainjob("team-b"))
+            await eventually(lambda: len(store) == 2, "both TrainJobs in the store")
+            watches = list(k[WATCH, TRAINJOBS])
+            assert watches[0].params["resourceVersion"] == listed_at
+            assert int(watches[1].params["resourceVersion"]) > int(listed_at or 0)
+            assert (informer.restarts, len(k[LIST, TRAINJOBS])) == (0, 1)
+
+
+# --- 2. 410 Gone: list again --------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("gone", ["compacted", "error-event", "http-410"])
+async def test_410_gone_lists_again_and_drops_what_was_deleted_meanwhile(gone: str) -> None:
+    async with emulator() as (k, url), api_client(url) as api:
+        await create(k, TRAINJOBS, trainjob("team-a", "stays"))
+        await create(k, TRAINJOBS, trainjob("team-b", "goes"))
+        store, sleep = Store("trainjobs"), FakeSleep()
+        informer = Informer(api, kube_client.TRAINJOBS, store, sleep=sleep)
+        async with running(informer):
+            await eventually(lambda: store.synced and k.open_watches == 1, "synced, watching")
+            assert keys(store) == {("team-a", "stays"), ("team-b", "goes")}
+
+            sleep.gate.clear()  # the watch goes down and stays down until the gate opens
+            assert k.drop_watches() == 1
+            await eventually(lambda: len(sleep.delays) == 1, "the informer backing off")
+            down_at = informer.resource_version
+            await delete(k, TRAINJOBS, "team-b", "goes")
+            await create(k, TRAINJOBS, trainjob("team-c", "new"))
+            if gone == "compacted":  # the server no longer has the history since `down_at`
+                k.compact()
+            elif gone == "error-event":
+                next_requests(k[WATCH, TRAINJOBS]) << expired_event()
+            else:
+                next_requests(k[WATCH, TRAINJOBS]) << status(410)
+            sleep.gate.set()
+
+            await eventually(lambda: len(k[LIST, TRAINJOBS]) == 2, "a second list")
+            await eventually(lambda: k.open_watches == 1, "watching again")
+            assert keys(store) == {("team-a", "stays"), ("team-c", "new")}
+            resumed, *_ = list(k[WATCH, TRAINJOBS])[1:]
+            assert resumed.params["resourceVersion"] == down_at  # what got the 410
+            assert informer.resource_version == str(k.resource_version)
+            assert informer.restarts == 1  # the dropped connection; a 410 relists at once
+            assert len(sleep.delays) == 1
+
+
+# --- 3. other failures: back off, resume --------------------------------------------------------
+
+
+FAULTS: dict[str, kmock.Payload] = {
+    "http-500": status(500),
+    "error-event-500": {"type": "ERROR", "object": status_object(500, "InternalError", "boom")},
+    "broken-stream": broken_stream,
+}
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("fault", list(FAULTS))
+async def test_failing_watches_back_off_with_growing_delays_and_converge(fault: str) -> None:
+    async with emulator() as (k, url), api_client(url) as api:
+        await create(k, TRAINJOBS, trainjob("team-a", "edited"))
+        await create(k, TRAINJOBS, trainjob("team-a", "deleted"))
+        next_requests(k[WATCH, TRAINJOBS], 4) << FAULTS[fault]
+        store, sleep = Store("trainjobs"), FakeSleep()
+        sleep.gate.clear()
+        informer = Informer(api, kube_client.TRAINJOBS, store, sleep=sleep)
+        async with running(informer):
+            await eventually(lambda: len(sleep.delays) == 1, "the first watch failed")
+            assert store.synced and len(store) == 2  # the list worked
+            # Changes while the watch is failing: the watch must catch up on them later.
+            await patch(k, TRAINJOBS, "team-a", "edited", {"spec": {"suspend": True}})
+            await delete(k, TRAINJOBS, "team-a", "deleted")
+            await create(k, TRAINJOBS, trainjob("team-b", "created"))
+            sleep.gate.set()
+
+            await eventually(lambda: k.open_watches == 1, "a watch that works")
+            await eventually(
+                lambda: len(store) == 2 and store.get("team-b", "created") is not None,
+                "the store converged",
+            )
+            entry = store.get("team-a", "edited")
+            assert entry is not None and entry.raw["spec"]["suspend"] is True
+            assert store.get("team-a", "deleted") is None
+
+            assert informer.restarts == 4
+            assert len(sleep.delays) == 4
+            for attempt, delay in enumerate(sleep.delays):  # full jitter in [ceiling/2, ceiling]
+                ceiling = 0.5 * 2**attempt
+                assert ceiling / 2 <= delay <= ceiling, (attempt, delay)
+            assert sleep.delays == sorted(sleep.delays)
+            assert len(set(sleep.delays)) == 4
+            # Resumed from the listed version: no list again, nothing missed.
+            assert (len(k[LIST, TRAINJOBS]), len(k[WATCH, TRAINJOBS])) == (1, 5)
+
+
+@pytest.mark.asyncio
+async def test_a_watch_answered_by_an_http_error_without_a_body_backs_off() -> None:
+    async with emulator() as (k, url), api_client(url) as api:
+        k[WATCH, TRAINJOBS] << 503  # every watch: HTTP 503, empty body
+        store, sleep = Store("trainjobs"), FakeSleep()
+        informer = Informer(api, kube_client.TRAINJOBS, store, sleep=sleep)
+        async with running(informer):
+            await eventually(lambda: len(k[WATCH, TRAINJOBS]) >= 5, "five watch attempts")
+            assert informer.restarts >= 4
+            assert len(sleep.delays) >= 4
+
+
+@pytest.mark.asyncio
+async def test_a_failing_list_is_retried_and_the_store_synced_only_when_it_works() -> None:
+    async with emulator() as (k, url), api_client(url) as api:
+        await create(k, TRAINJOBS, trainjob())
+        next_requests(k[LIST, TRAINJOBS], 3) << status(500)
+        store, sleep = Store("trainjobs"), FakeSleep()
+        informer = Informer(api, kube_client.TRAINJOBS, store, sleep=sleep)
+        async with running(informer):
+            await eventually(lambda: store.synced, "the store synced")
+            assert keys(store) == {("team-a", "my-job")}
+            assert (informer.restarts, len(sleep.delays), len(k[LIST, TRAINJOBS])) == (3, 3, 4)
+            assert sleep.delays == sorted(sleep.delays)
+
+
+# --- 4. the cache's plans, fed by the informers -------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_plan_for_follows_the_runtime_and_trainjob_in_the_cluster() -> None:
+    pod = fixture("pod-create-by-job-controller.mutate.json")["request"]["object"]
+    async with emulator() as (k, url), api_client(url) as api:
+        cache = Cache(connected=True)
+        async with running(*kube_client.informers(api, cache)):
+            await eventually(lambda: cache.synced, "all three stores synced")
+            assert cache.plan_for("team-a", "my-job").state == "no-trainjob"
+
+            await create(k, CLUSTER_RUNTIMES, cluster_runtime())
+            await create(k, TRAINJOBS, trainjob())
+            await eventually(lambda: cache.plan_for("team-a", "my-job").state == "ok", "a plan")
+            lookup = cache.plan_for("team-a", "my-job")
+            assert lookup.plan is not None
+            assert lookup.plan.pod_group_for("node", 0) == POD_GROUP
+            assert pod_group_for_labels(lookup.plan, pod["metadata"]["labels"]) == POD_GROUP
+            assert cache.plan_for("team-a", "my-job") is lookup  # memoised
+
+            # The runtime loses spec.scheduling: the memo must not survive the new version.
+            await patch(
+                k, CLUSTER_RUNTIMES, None, "torch-distributed", {"spec": {"scheduling": None}}
+            )
+            await eventually(
+                lambda: cache.plan_for("team-a", "my-job").state == "no-scheduling", "no plan"
+            )
+            scheduling = cluster_runtime()["spec"]["scheduling"]
+            await patch(
+                k, CLUSTER_RUNTIMES, None, "torch-distributed", {"spec": {"scheduling": scheduling}}
+            )
+            await eventually(
+                lambda: cache.plan_for("team-a", "my-job").state == "ok", "planned again"
+            )
+            again = cache.plan_for("team-a", "my-job")
+            assert again is not lookup and again.plan is not None
+            assert again.plan.pod_group_for("node", 0) == POD_GROUP
+
+            await delete(k, CLUSTER_RUNTIMES, None, "torch-distributed")
+            await eventually(
+                lambda: cache.plan_for("team-a", "my-job").state == "no-runtime", "runtime gone"
+            )
+            assert len(k[LIST, TRAINING_RUNTIMES]) == 1  # the third informer listed, too
+
+
+# --- 5 and 6. the service as a process, with --kubeconfig ---------------------------------------
+
+
+def patch_ops(answer: dict[str, Any]) -> list[dict[str, Any]]:
+    encoded = answer["response"].get("patch")
+    ops: list[dict[str, Any]] = json.loads(base64.b64decode(encoded)) if encoded else []
+    return ops
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    tmp_path: Path, url: str
+) -> AsyncIterator[tuple[ServerProcess, httpx.AsyncClient]]:
+    """`python -m webhook serve --kubeconfig` against the emulator, and an HTTPS client for it.
+
+    Waiting happens here, asynchronously: the emulator runs on this test's event loop.
+    """
+    config = tmp_path / "kubeconfig"
+    config.write_text(kubeconfig(url))
+    cert_dir = tmp_path / "certs"
+    cert_dir.mkdir()
+    ca_file = make_certs(cert_dir)
+    with server_process(cert_dir, "--kubeconfig", str(config), wait=False) as proc:
+        verify = ssl.create_default_context(cafile=str(ca_file))
+        async with httpx.AsyncClient(base_url=proc.url, verify=verify, timeout=10) as client:
+            deadline = time.monotonic() + 20
+            while True:
+                assert proc.process.poll() is None, proc.log_file.read_text()
+                with contextlib.suppress(httpx.HTTPError):
+                    await client.get(f"{proc.health_url}/healthz")
+                    break
+                assert time.monotonic() < deadline, proc.log_file.read_text()
+                await asyncio.sleep(0.05)
+            yield proc, client
+
+
+async def readyz(client: httpx.AsyncClient, proc: ServerProcess) -> httpx.Response:
+    return await client.get(f"{proc.health_url}/readyz")
+
+
+@pytest.mark.asyncio
+async def test_served_pod_reviews_read_the_watched_cache_and_never_the_api(tmp_path: Path) -> None:
+    review = fixture("pod-create-by-job-controller.mutate.json")
+    path = webhook_path(review, "mutate")
+    async with emulator() as (k, url), serving(tmp_path, url) as (proc, client):
+        await eventually_async(lambda: readyz(client, proc), 200, "/readyz 200 (caches synced)")
+        for res in (TRAINJOBS, TRAINING_RUNTIMES, CLUSTER_RUNTIMES):
+            assert len(k[LIST, res]) == 1, res
+
+        await create(k, CLUSTER_RUNTIMES, cluster_runtime())
+        await create(k, TRAINJOBS, trainjob())
+        expected = {"podGroupName": POD_GROUP}
+        deadline = time.monotonic() + 5
+        while True:  # until the watches delivered both objects to the service
+            answer = (await client.post(path, json=review)).json()
+            assert answer["response"]["uid"] == review["request"]["uid"]
+            assert answer["response"]["allowed"] is True
+            ops = patch_ops(answer)
+            if ops:
+                break
+            assert time.monotonic() < deadline, answer
+            await asyncio.sleep(0.05)
+        assert ops == [{"op": "add", "path": "/spec/schedulingGroup", "value": expected}]
+
+        before = len(list(k))
+        for _ in range(50):
+            answer = (await client.post(path, json=review)).json()
+            assert patch_ops(answer) == ops
+        await asyncio.sleep(0.2)  # a request the reviews had caused would have arrived by now
+        assert len(list(k)) == before, [str(r.url) for r in list(k)[before:]]
+        assert (await readyz(client, proc)).status_code == 200
+
+
+@pytest.mark.asyncio
+async def test_readyz_stays_503_while_a_list_fails_but_reviews_are_answered(tmp_path: Path) -> None:
+    review = fixture("pod-create-by-job-controller.mutate.json")
+    failing = asyncio.Event()
+    failing.set()
+    async with emulator() as (k, url):
+        k[LIST, TRAINJOBS, failing] << status(500)
+        async with serving(tmp_path, url) as (proc, client):
+            await eventually(lambda: len(k[LIST, TRAINJOBS]) >= 3, "the list retried", timeout=20)
+            others = (TRAINING_RUNTIMES, CLUSTER_RUNTIMES)
+            await eventually(lambda: all(len(k[WATCH, r]) == 1 for r in others), "others watched")
+            answer = await readyz(client, proc)
+            assert answer.status_code == 503
+            assert answer.json() == {"status": "not ready", "failing": ["cache"]}
+
+            response = (await client.post(webhook_path(review, "mutate"), json=review)).json()
+            assert response["response"]["allowed"] is True
+            assert "patch" not in response["response"]
+            assert any("my-job" in w for w in response["response"]["warnings"])
+            runtime_review = fixture("clustertrainingruntime-create-level2.validate.json")
+            response = (
+                await client.post(webhook_path(runtime_review, "validate"), json=runtime_review)
+            ).json()
+            assert response["response"]["uid"] == runtime_review["request"]["uid"]
+            assert response["response"]["allowed"] is True
+            assert (await readyz(client, proc)).status_code == 503
+
+            failing.clear()  # the API server recovers: the next retry lists, the service is ready
+            await eventually_async(lambda: readyz(client, proc), 200, "/readyz 200", timeout=8)
+
+
+async def eventually_async(
+    get: Callable[[], Awaitable[httpx.Response]], status_code: int, what: str, timeout: float = 20.0
+) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(httpx.HTTPError):
+            response = await get()
+            if response.status_code == status_code:
+                return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout}s: {what}")
+        await asyncio.sleep(0.05)
