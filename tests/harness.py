@@ -24,6 +24,7 @@ import httpx
 
 from webhook.kube.cache import Cache
 from webhook.server.app import Limits
+from webhook.server.reviewlog import ReviewLog
 from webhook.server.run import Service, Settings
 from webhook.tls.certs import CertSpec, issue, write
 from webhook.tls.reload import ReloadingContext
@@ -108,6 +109,7 @@ def running_server(
     limits: Limits | None = None,
     cert_poll_seconds: float = 5.0,
     shutdown_timeout: float = 5.0,
+    review_log: ReviewLog | None = None,
 ) -> Iterator[RunningServer]:
     """The service's own `Service` (webhooks + probes) in a thread, with the given cache."""
     if not (cert_dir / "tls.crt").exists():
@@ -123,7 +125,7 @@ def running_server(
     )
     tls = ReloadingContext(cert_dir / "tls.crt", cert_dir / "tls.key")
     tls.reload()
-    service = Service(settings, cache, tls)
+    service = Service(settings, cache, tls, review_log)
     server = RunningServer(
         url=f"https://localhost:{settings.port}",
         health_url=f"http://127.0.0.1:{settings.health_port}",

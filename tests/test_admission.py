@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import base64
 import copy
+import io
 import json
-import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ import yaml
 
 from webhook.admission.routes import WEBHOOKS
 from webhook.kube.cache import Cache
+from webhook.server.reviewlog import ReviewLog
 
 from .harness import (
     RunningServer,
@@ -262,15 +263,26 @@ def test_without_a_cluster_pods_pass_with_a_warning_and_trainjobs_are_denied(
 # --- logs ------------------------------------------------------------------------------------
 
 
-def test_one_json_log_line_per_review(
-    client: httpx.Client, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_one_json_log_line_per_review(tmp_path: Path) -> None:
     review = fixture("pod-create-as-job-controller-serviceaccount.mutate.json")
-    with caplog.at_level(logging.INFO, logger="webhook.admission"):
+    out = io.BytesIO()
+    with (
+        running_server(fixture_cache(), tmp_path, review_log=ReviewLog(out, enabled=True)) as srv,
+        srv.client() as client,
+    ):
         send(client, "/mutate--v1-pod", review)
-    records = [r for r in caplog.records if r.name == "webhook.admission"]
-    assert len(records) == 1
-    fields: dict[str, Any] = records[0].__dict__["fields"]
+        rejected = client.post("/mutate--v1-pod", content=b'{"kind": "AdmissionReview"}')
+        assert rejected.status_code == 400  # logged through `logging`, as a warning
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 1
+    fields: dict[str, Any] = json.loads(lines[0])
+    assert (fields["level"], fields["logger"], fields["msg"]) == (
+        "info",
+        "webhook.admission",
+        "admission review",
+    )
+    assert fields["ts"].endswith("Z")
+    assert fields["webhook"] == "mutate--v1-pod"
     assert fields["uid"] == review["request"]["uid"]
     assert fields["kind"] == "Pod"
     assert (fields["namespace"], fields["name"]) == ("team-a", "my-job-node-0-0-")

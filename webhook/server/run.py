@@ -21,6 +21,7 @@ from ..kube.cache import Cache
 from ..kube.client import connect, informers
 from ..tls.reload import ReloadingContext
 from .app import Limits, Readiness, admission_app, health_app
+from .reviewlog import ReviewLog
 
 log = logging.getLogger("webhook.serve")
 
@@ -46,7 +47,13 @@ class _Server(uvicorn.Server):
 
 
 class Service:
-    def __init__(self, settings: Settings, cache: Cache, tls: ReloadingContext) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        cache: Cache,
+        tls: ReloadingContext,
+        review_log: ReviewLog | None = None,
+    ) -> None:
         self.settings = settings
         self.cache = cache
         self.tls = tls
@@ -62,12 +69,13 @@ class Service:
         common = {"log_config": None, "access_log": False, "lifespan": "off", "http": "httptools"}
         self.webhooks = _Server(
             uvicorn.Config(
-                admission_app(cache, s.limits),
+                admission_app(cache, s.limits, review_log),
                 host=s.host,
                 port=s.port,
                 ssl_context_factory=lambda config, default: tls.context,
                 timeout_graceful_shutdown=int(s.shutdown_timeout),
                 timeout_keep_alive=30,
+                proxy_headers=False,  # the API server talks to us directly; no extra layer
                 **common,  # type: ignore[arg-type]
             )
         )
