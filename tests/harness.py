@@ -175,7 +175,8 @@ class ServerProcess:
     log_file: Path
 
     def log_lines(self) -> list[dict[str, Any]]:
-        lines = self.log_file.read_text().splitlines()
+        # "\n" only: splitlines() would also cut at U+0085 or U+2028 inside a JSON string.
+        lines = self.log_file.read_text().split("\n")
         return [json.loads(line) for line in lines if line.startswith("{")]
 
     def rss_kib(self) -> int:
