@@ -182,3 +182,31 @@ def test_sigterm_finishes_in_flight_reviews_then_exits(tmp_path: Path) -> None:
         messages = [line["msg"] for line in proc.log_lines()]
         assert "shutting down: finishing in-flight reviews" in messages
         assert messages[-1] == "stopped"
+
+
+def test_slow_headers_get_408_and_others_are_served(tmp_path: Path) -> None:
+    """Slowloris: a connection that sends nothing, or headers a byte at a time, is cut off."""
+    certs = tmp_path / "certs"
+    ca = make_certs(certs)
+    with server_process(certs, "--header-timeout", "0.5") as proc:
+        port = int(proc.url.rsplit(":", 1)[1])
+        ctx = trusting(ca)
+        silent = ctx.wrap_socket(
+            socket.create_connection(("127.0.0.1", port)), server_hostname="localhost"
+        )
+        trickle = ctx.wrap_socket(
+            socket.create_connection(("127.0.0.1", port)), server_hostname="localhost"
+        )
+        start = time.monotonic()
+        for byte in f"POST {PATH} HTTP/1.1\r\nHost: localhost\r\n"[:12]:
+            trickle.sendall(byte.encode())
+            time.sleep(0.02)
+        status, _, _ = review_over_new_connection(port, ctx)  # others are served meanwhile
+        assert status == 200
+        for sock in (silent, trickle):
+            sock.settimeout(5)
+            reply = sock.recv(4096)
+            assert reply.startswith(b"HTTP/1.1 408"), reply
+            assert sock.recv(4096) == b""  # closed
+            sock.close()
+        assert time.monotonic() - start < 4

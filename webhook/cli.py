@@ -179,6 +179,10 @@ def _add_serve(commands: Any) -> None:
          "seconds in-flight reviews get to finish on SIGTERM"),
         ("--max-body-bytes", "MAX_BODY_BYTES", int, str(6 * 1024 * 1024),
          "larger AdmissionReview bodies get 413"),
+        ("--header-timeout", "HEADER_TIMEOUT", float, "10",
+         "seconds a request's headers may take (slow clients get 408)"),
+        ("--body-timeout", "BODY_TIMEOUT", float, "10",
+         "seconds a request's body may take (slow clients get 408)"),
     ]  # fmt: skip
     for flag, env, kind, default, text in opts:
         serve.add_argument(
@@ -215,7 +219,8 @@ def serve_command(args: argparse.Namespace) -> int:
         kubeconfig=args.kubeconfig or None,
         cert_poll_seconds=args.cert_poll_seconds,
         shutdown_timeout=args.shutdown_timeout,
-        limits=Limits(max_body_bytes=args.max_body_bytes),
+        header_timeout=args.header_timeout,
+        limits=Limits(max_body_bytes=args.max_body_bytes, body_timeout=args.body_timeout),
     )
     try:
         import uvloop

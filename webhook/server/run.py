@@ -21,6 +21,7 @@ from ..kube.cache import Cache
 from ..kube.client import connect, informers
 from ..tls.reload import ReloadingContext
 from .app import Limits, Readiness, admission_app, health_app
+from .protocol import with_header_timeout
 from .reviewlog import ReviewLog
 
 log = logging.getLogger("webhook.serve")
@@ -34,6 +35,7 @@ class Settings:
     cert_dir: Path = Path("certs")
     kubeconfig: str | None = None
     cert_poll_seconds: float = 5.0
+    header_timeout: float = 10.0  # a request's headers must arrive within this (slowloris)
     shutdown_timeout: float = 25.0  # under the pod's default 30 s grace period
     limits: Limits = field(default_factory=Limits)
 
@@ -66,7 +68,7 @@ class Service:
             }
         )
         s = settings
-        common = {"log_config": None, "access_log": False, "lifespan": "off", "http": "httptools"}
+        common = {"log_config": None, "access_log": False, "lifespan": "off"}
         self.webhooks = _Server(
             uvicorn.Config(
                 admission_app(cache, s.limits, review_log),
@@ -76,11 +78,18 @@ class Service:
                 timeout_graceful_shutdown=int(s.shutdown_timeout),
                 timeout_keep_alive=30,
                 proxy_headers=False,  # the API server talks to us directly; no extra layer
+                http=with_header_timeout(s.header_timeout),
                 **common,  # type: ignore[arg-type]
             )
         )
         self.probes = _Server(
-            uvicorn.Config(health_app(self.readiness), host=s.host, port=s.health_port, **common)  # type: ignore[arg-type]
+            uvicorn.Config(
+                health_app(self.readiness),
+                host=s.host,
+                port=s.health_port,
+                http=with_header_timeout(s.header_timeout),
+                **common,  # type: ignore[arg-type]
+            )
         )
 
     def stop(self) -> None:
