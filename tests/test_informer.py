@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 import kmock
 import pytest
+from kmock._internal.rendering import Response
 from kubernetes.aio.client import ApiClient, Configuration
 
 from tests.harness import ServerProcess, fixture, make_certs, server_process, webhook_path
@@ -285,6 +286,20 @@ async def test_a_watch_answered_by_an_http_error_without_a_body_backs_off() -> N
             await eventually(lambda: len(k[WATCH, TRAINJOBS]) >= 5, "five watch attempts")
             assert informer.restarts >= 4
             assert len(sleep.delays) >= 4
+
+
+@pytest.mark.asyncio
+async def test_a_watch_that_ends_at_once_without_events_backs_off() -> None:
+    """A server (or proxy) that closes every watch at once with a 200 must not cause a hot loop."""
+    async with emulator() as (k, url), api_client(url) as api:
+        k[WATCH, TRAINJOBS] << Response(status=200, payload=b"")
+        store, sleep = Store("trainjobs"), FakeSleep()
+        informer = Informer(api, kube_client.TRAINJOBS, store, sleep=sleep)
+        async with running(informer):
+            await eventually(lambda: len(sleep.delays) >= 3, "three backoffs")
+            assert informer.restarts >= 3
+            assert sleep.delays[:3] == sorted(sleep.delays[:3])
+            assert len(k[WATCH, TRAINJOBS]) <= len(sleep.delays) + 1
 
 
 @pytest.mark.asyncio

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,8 @@ from .cache import Store
 log = logging.getLogger("webhook.informer")
 
 Sleep = Callable[[float], Awaitable[None]]
+MIN_WATCH_SECONDS = 1.0
+NOT_SERVED = " (the resource is not served: is the Kubeflow Trainer CRD installed?)"
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,7 @@ class Informer:
         watch_timeout: int = 300,
         backoff: Backoff | None = None,
         sleep: Sleep = asyncio.sleep,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.api = CustomObjectsApi(api)
         self.resource = resource
@@ -69,25 +73,34 @@ class Informer:
         self.watch_timeout = watch_timeout
         self.backoff = backoff or Backoff()
         self.sleep = sleep
+        self.clock = clock
         self.resource_version: str | None = None
         self.restarts = 0  # watches that ended in an error (a metric in the metrics issue)
 
     async def run(self) -> None:
         while True:
+            step = "list"
             try:
                 if self.resource_version is None:
                     await self._list()
-                await self._watch()
+                step = "watch"
+                started = self.clock()
+                events = await self._watch()
+                if events == 0 and self.clock() - started < MIN_WATCH_SECONDS:
+                    # Like client-go: a watch that ends at once with nothing is a failure, or a
+                    # misbehaving server (or proxy) would have us re-watch in a hot loop.
+                    await self._retry("watch", "ended at once without events")
             except ApiException as err:
                 if err.status == 410:
                     log.info("watch expired, listing again", extra=self._fields())
                     self.resource_version = None
                     continue
-                await self._retry(f"HTTP {err.status}: {err.reason}")
+                hint = NOT_SERVED if err.status == 404 and step == "list" else ""
+                await self._retry(step, f"HTTP {err.status}: {err.reason}{hint}")
             except asyncio.CancelledError:
                 raise
             except Exception as err:  # connection drops, timeouts, garbage on the stream
-                await self._retry(f"{type(err).__name__}: {err}")
+                await self._retry(step, f"{type(err).__name__}: {err}")
 
     async def _list(self) -> None:
         r = self.resource
@@ -100,12 +113,13 @@ class Informer:
         self.backoff.reset()
         log.info("listed", extra=self._fields(objects=len(self.store)))
 
-    async def _watch(self) -> None:
+    async def _watch(self) -> int:
         """One watch request, read line by line until the server ends it.
 
         The stream is read here rather than through `kubernetes.aio.watch.Watch`, which takes an
         HTTP error with an empty body (a proxy's 503) for a clean end and would retry at once,
-        forever; here any status but 200 is an ApiException, and so is an ERROR event.
+        forever; here any status but 200 is an ApiException, and so is an ERROR event. Returns
+        how many events arrived.
         """
         r = self.resource
         response: Any = await self.api.list_cluster_custom_object_without_preload_content(
@@ -119,6 +133,7 @@ class Informer:
             # The client's default request timeout (300 s) would cut long watches short.
             _request_timeout=self.watch_timeout + 30,
         )
+        events = 0
         try:
             if response.status != 200:
                 body = (await response.read())[:500].decode(errors="replace")
@@ -127,8 +142,10 @@ class Informer:
                 if line.strip():
                     self._apply(_event(line))
                     self.backoff.reset()
+                    events += 1
         finally:
             response.release()
+        return events
 
     def _apply(self, event: dict[str, Any]) -> None:
         kind, obj = event.get("type"), event.get("object")
@@ -140,11 +157,11 @@ class Informer:
         if rv:
             self.resource_version = rv
 
-    async def _retry(self, error: str) -> None:
+    async def _retry(self, step: str, error: str) -> None:
         self.restarts += 1
         delay = self.backoff.next_delay()
         log.warning(
-            "watch failed, retrying", extra=self._fields(error=error, retry_in=round(delay, 2))
+            f"{step} failed, retrying", extra=self._fields(error=error, retry_in=round(delay, 2))
         )
         await self.sleep(delay)
 
