@@ -270,7 +270,7 @@ def test_one_json_log_line_per_review(tmp_path: Path) -> None:
         running_server(fixture_cache(), tmp_path, review_log=ReviewLog(out, enabled=True)) as srv,
         srv.client() as client,
     ):
-        send(client, "/mutate--v1-pod", review)
+        answer = send(client, "/mutate--v1-pod", review)
         rejected = client.post("/mutate--v1-pod", content=b'{"kind": "AdmissionReview"}')
         assert rejected.status_code == 400  # logged through `logging`, as a warning
     lines = out.getvalue().splitlines()
@@ -290,4 +290,36 @@ def test_one_json_log_line_per_review(tmp_path: Path) -> None:
     assert fields["user"] == "system:serviceaccount:kube-system:job-controller"
     assert fields["decision"] == "allowed"
     assert fields["patch_ops"] == 1
+    assert fields["patch_bytes"] == len(base64.b64decode(answer["patch"]))
     assert fields["duration_ms"] > 0
+
+
+def test_trainjob_before_the_runtimes_are_listed_is_denied_as_such(tmp_path: Path) -> None:
+    cache = Cache(connected=True)
+    for store in cache.stores:
+        store.replace([])
+    with running_server(cache, tmp_path / "certs") as srv, srv.client() as c:
+        cache.cluster_runtimes.synced = False  # a cluster, but the runtimes' list is not back yet
+        response = send(c, "/validate-trainer-kubeflow-org-v1alpha1-trainjob", trainjob_review())
+        assert response["allowed"] is False
+        message = response["status"]["message"]
+        assert "has not read the ClusterTrainingRuntimes from the cluster yet" in message
+        cache.cluster_runtimes.synced = True  # listed, and the runtime is not there: Not found
+        response = send(c, "/validate-trainer-kubeflow-org-v1alpha1-trainjob", trainjob_review())
+        assert "no ClusterTrainingRuntime of that name" in response["status"]["message"]
+
+
+def test_pod_group_of_a_trainjob_gets_min_count_over_https(client: httpx.Client) -> None:
+    review = fixture("podgroup-create-gang-without-mincount-rejected.mutate.json")
+    pod_group = review["request"]["object"]
+    owner = fixture("podgroup-create.mutate.json")["request"]["object"]["metadata"]
+    pod_group["metadata"]["ownerReferences"] = owner["ownerReferences"]
+    pod_group["spec"]["workloadRef"] = {"workloadName": MY_JOB_GROUP, "templateName": MY_JOB_GROUP}
+    response = send(client, "/mutate-scheduling-k8s-io-v1beta1-podgroup", review)
+    ops = patch_of(response)
+    assert ops == [{"op": "replace", "path": "/spec/schedulingPolicy/gang/minCount", "value": 100}]
+    # An owner of the same name but another uid (a deleted TrainJob's leftover): not defaulted.
+    pod_group["metadata"]["ownerReferences"][0]["uid"] = "0000"
+    response = send(client, "/mutate-scheduling-k8s-io-v1beta1-podgroup", review)
+    assert patch_of(response) is None
+    assert response["warnings"][0].startswith("minCount not defaulted: owner uid 0000")

@@ -140,11 +140,11 @@ JOBSET = {"jobset.sigs.k8s.io/jobset-name": "my-job", "jobset.sigs.k8s.io/job-in
             False,
             False,
         ),
-        (  # a JobSet with no TrainJob of its name: admitted, with a warning
+        (  # a JobSet with no TrainJob of its name (synced cache): someone else's, silently
             {**JOBSET, "jobset.sigs.k8s.io/jobset-name": "other", "x": "y"},
             None,
             False,
-            True,
+            False,
         ),
         ({**JOBSET, "jobset.sigs.k8s.io/job-index": "zero"}, None, False, False),
     ],

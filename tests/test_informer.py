@@ -448,7 +448,7 @@ async def test_readyz_stays_503_while_a_list_fails_but_reviews_are_answered(tmp_
             await eventually(lambda: all(len(k[WATCH, r]) == 1 for r in others), "others watched")
             answer = await readyz(client, proc)
             assert answer.status_code == 503
-            assert answer.json() == {"status": "not ready", "failing": ["cache"]}
+            assert answer.json() == {"status": "not ready", "failing": ["cache:trainjobs"]}
 
             response = (await client.post(webhook_path(review, "mutate"), json=review)).json()
             assert response["response"]["allowed"] is True

@@ -124,8 +124,8 @@ def validate_trainjob_review(review: Review, cache: Cache) -> Decision:
     namespace = review.namespace or trainjob.namespace
     ref = trainjob.spec.runtime_ref
     runtime = cache.runtime(ref.kind, namespace, ref.name or "")
-    if runtime is None and old is None and not cache.connected:
-        return denied(review, [_runtime_unknowable(trainjob)])
+    if runtime is None and old is None and not cache.knows_runtimes(ref.kind):
+        return denied(review, [_runtime_unknowable(trainjob, cache.connected)])
     gang_exists = (
         old is not None and runtime is not None and runtime.layout is not None and wants_gang(old)
     )
@@ -135,16 +135,17 @@ def validate_trainjob_review(review: Review, cache: Cache) -> Decision:
     return Decision() if verdict.allowed else denied(review, verdict.errors)
 
 
-def _runtime_unknowable(trainjob: TrainJob) -> FieldError:
-    # Without a cluster the cache cannot know any runtime. The chart's failurePolicy for this
-    # webhook is Fail ("no TrainJob goes unchecked"), so an unknowable runtime is denied too.
+def _runtime_unknowable(trainjob: TrainJob, connected: bool) -> FieldError:
+    # Without a cluster, or before the first list, the cache cannot know the runtime. The chart's
+    # failurePolicy for this webhook is Fail ("no TrainJob goes unchecked"): denied too.
     kind = trainjob.spec.runtime_ref.kind or CLUSTER_RUNTIME_KIND
-    return fe.not_found(
-        Path("spec", "runtimeRef", "name"),
-        trainjob.spec.runtime_ref.name,
-        f"the webhook service has no cluster connection, so it cannot find the {kind}; "
-        "start it with a kubeconfig",
+    why = (
+        f"the webhook service has not read the {kind}s from the cluster yet; retry shortly"
+        if connected
+        else f"the webhook service has no cluster connection, so it cannot find the {kind}; "
+        "start it with a kubeconfig"
     )
+    return fe.not_found(Path("spec", "runtimeRef", "name"), trainjob.spec.runtime_ref.name, why)
 
 
 # --- Pods (the hot path: every pod of every TrainJob) -------------------------------------------
@@ -163,19 +164,28 @@ def mutate_pod_review(review: Review, cache: Cache) -> Decision:
     spec = pod.get("spec")
     if isinstance(spec, dict) and spec.get("schedulingGroup") is not None:
         return Decision()  # already in a group: whoever set it decides
-    namespace = review.namespace
-    if not namespace and isinstance(meta, dict) and isinstance(meta.get("namespace"), str):
-        namespace = meta["namespace"]
-    lookup = cache.plan_for(namespace, trainjob)
+    lookup = cache.plan_for(_namespace(review, pod), trainjob)
     if lookup.plan is None:
         if lookup.state == "no-scheduling":
             return Decision()
+        if lookup.state == "no-trainjob" and cache.connected and cache.trainjobs.synced:
+            # A JobSet of the same name but no TrainJob: someone else's pod, silently.
+            return Decision(note=lookup.detail)
         return Decision(warnings=[f"schedulingGroup not set: {lookup.detail}"])
     assert isinstance(labels, dict)
     group = pod_group_for_labels(lookup.plan, labels)
     if group is None:
         return Decision()  # an untargeted ReplicatedJob: default scheduling
     return Decision(patch=[pod_group_op(pod, group)])
+
+
+def _namespace(review: Review, obj: dict[str, Any]) -> str:
+    """The request's namespace, else the object's (a review always has one for these kinds)."""
+    if review.namespace:
+        return review.namespace
+    meta = obj.get("metadata")
+    ns = meta.get("namespace") if isinstance(meta, dict) else None
+    return ns if isinstance(ns, str) else ""
 
 
 def pod_group_op(pod: dict[str, Any], pod_group: str) -> dict[str, Any]:
@@ -227,8 +237,13 @@ def _default_min_count(
     trainjob = defaults.controlling_trainjob(obj)
     if trainjob is None:
         return Decision()  # not a TrainJob's: the API server will ask for minCount itself
-    lookup = cache.plan_for(review.namespace, trainjob)
+    lookup = cache.plan_for(_namespace(review, obj), trainjob)
     if lookup.plan is None:
         return Decision(warnings=[f"minCount not defaulted: {lookup.detail or lookup.state}"])
+    uid = defaults.controller_uid(obj)
+    if uid and lookup.plan.trainjob_uid and uid != lookup.plan.trainjob_uid:
+        # Left over from an earlier TrainJob of the same name: its plan is not this one's.
+        detail = f'owner uid {uid} is not TrainJob "{trainjob}" ({lookup.plan.trainjob_uid})'
+        return Decision(warnings=[f"minCount not defaulted: {detail}"])
     mutated, warnings = fill(obj, lookup.plan)
     return Decision(patch=_diff(obj, mutated), warnings=warnings)

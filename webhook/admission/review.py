@@ -15,7 +15,7 @@ import orjson
 API_VERSION = "admission.k8s.io/v1"
 KIND = "AdmissionReview"
 OPERATIONS = frozenset({"CREATE", "UPDATE", "DELETE", "CONNECT"})
-MAX_WARNING = 256  # the API server may truncate longer warnings; keep ours whole and short
+MAX_WARNING = 120  # the reference's limit: longer ones may be cut by the API server or clients
 
 
 class BadReview(ValueError):
@@ -70,6 +70,7 @@ class Decision:
     reason: str = ""
     message: str = ""
     details: dict[str, Any] | None = None
+    note: str = ""  # for the log line only
 
 
 def parse(body: bytes) -> Review:
@@ -152,11 +153,13 @@ def _str(doc: dict[str, Any], key: str) -> str:
 # --- responses ---------------------------------------------------------------------------------
 
 
-def encode(uid: str, decision: Decision) -> bytes:
+def encode(uid: str, decision: Decision) -> tuple[bytes, int]:
+    """The response body, and the size of the JSON Patch in it (0 without one)."""
     response: dict[str, Any] = {"uid": uid, "allowed": decision.allowed}
-    if decision.patch:
+    patch = orjson.dumps(decision.patch) if decision.patch else b""
+    if patch:
         response["patchType"] = "JSONPatch"
-        response["patch"] = base64.b64encode(orjson.dumps(decision.patch)).decode()
+        response["patch"] = base64.b64encode(patch).decode()
     if not decision.allowed:
         status: dict[str, Any] = {
             "code": decision.code,
@@ -168,7 +171,8 @@ def encode(uid: str, decision: Decision) -> bytes:
         response["status"] = status
     if decision.warnings:
         response["warnings"] = [_cap(w) for w in decision.warnings]
-    return orjson.dumps({"apiVersion": API_VERSION, "kind": KIND, "response": response})
+    body = orjson.dumps({"apiVersion": API_VERSION, "kind": KIND, "response": response})
+    return body, len(patch)
 
 
 def _cap(warning: str) -> str:

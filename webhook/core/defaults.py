@@ -97,6 +97,17 @@ def controlling_trainjob(obj: Mapping[str, Any]) -> str | None:
     return None
 
 
+def controller_uid(obj: Mapping[str, Any]) -> str | None:
+    """The uid in a TrainJob controller ownerReference, when there is one."""
+    meta = obj.get("metadata")
+    refs = meta.get("ownerReferences") if isinstance(meta, dict) else None
+    for ref in refs if isinstance(refs, list) else []:
+        if isinstance(ref, dict) and ref.get("controller") is True:
+            uid = ref.get("uid")
+            return uid if ref.get("kind") == TRAINJOB_KIND and isinstance(uid, str) else None
+    return None
+
+
 def lacks_min_count(policy: Any) -> bool:
     """A gang policy without minCount; the API server sends a missing minCount as 0."""
     if not isinstance(policy, dict):

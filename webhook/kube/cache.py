@@ -108,6 +108,14 @@ class Cache:
     def synced(self) -> bool:
         return all(store.synced for store in self.stores)
 
+    def knows_runtimes(self, kind: str | None) -> bool:
+        """Whether a runtime of this kind missing from the cache is missing from the cluster."""
+        if not self.connected:
+            return False
+        if kind == NAMESPACED_RUNTIME_KIND:
+            return self.training_runtimes.synced
+        return self.cluster_runtimes.synced
+
     def runtime(self, kind: str | None, namespace: str, name: str) -> CheckedRuntime | None:
         """A runtime, checked once per version; `kind` as in a TrainJob's runtimeRef."""
         entry = self._runtime_entry(kind, namespace, name)

@@ -117,12 +117,13 @@ class AdmissionEndpoint:
                 await _send(send, 500, orjson.dumps({"error": "internal error"}))
                 return
             decision = errored(500, f"internal error in {self.webhook.path}; see the service log")
-        out = encode(uid, decision)
-        self._log_review(review, uid, decision, start)  # before the answer: no review goes unlogged
+        out, patch_bytes = encode(uid, decision)
+        # Logged before the answer goes out, so no answered review is missing from the log.
+        self._log_review(review, uid, decision, patch_bytes, start)
         await _send(send, 200, out)
 
     def _log_review(
-        self, review: Review | None, uid: str, decision: Decision, start: float
+        self, review: Review | None, uid: str, decision: Decision, patch_bytes: int, start: float
     ) -> None:
         if not self.review_log.enabled:
             return
@@ -131,6 +132,7 @@ class AdmissionEndpoint:
             "uid": uid,
             "decision": "allowed" if decision.allowed else "denied",
             "patch_ops": len(decision.patch or ()),
+            "patch_bytes": patch_bytes,
             "duration_ms": round((time.perf_counter() - start) * 1000, 3),
         }
         if review is not None:
@@ -144,6 +146,8 @@ class AdmissionEndpoint:
             )
         if decision.warnings:
             fields["warnings"] = decision.warnings
+        if decision.note:
+            fields["note"] = decision.note
         if not decision.allowed:
             fields["code"] = decision.code
             fields["message"] = decision.message

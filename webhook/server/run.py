@@ -9,8 +9,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,13 +61,11 @@ class Service:
         self.cache = cache
         self.tls = tls
         self.stopping = asyncio.Event()
-        self.readiness = Readiness(
-            {
-                "certificate": lambda: tls.loaded,
-                "cache": lambda: cache.synced,
-                "not-stopping": lambda: not self.stopping.is_set(),
-            }
-        )
+        checks: dict[str, Callable[[], bool]] = {"certificate": lambda: tls.loaded}
+        for store in cache.stores:
+            checks[f"cache:{store.resource}"] = lambda store=store: store.synced  # type: ignore[misc]
+        checks["not-stopping"] = lambda: not self.stopping.is_set()
+        self.readiness = Readiness(checks)
         s = settings
         common = {"log_config": None, "access_log": False, "lifespan": "off"}
         self.webhooks = _Server(
@@ -75,8 +74,10 @@ class Service:
                 host=s.host,
                 port=s.port,
                 ssl_context_factory=lambda config, default: tls.context,
-                timeout_graceful_shutdown=int(s.shutdown_timeout),
-                timeout_keep_alive=30,
+                timeout_graceful_shutdown=math.ceil(s.shutdown_timeout),
+                # Longer than the API server's idle connections (Go: 90 s), so it never sends a
+                # review on a connection this end is closing.
+                timeout_keep_alive=100,
                 proxy_headers=False,  # the API server talks to us directly; no extra layer
                 http=with_header_timeout(s.header_timeout),
                 **common,  # type: ignore[arg-type]
