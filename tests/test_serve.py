@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import http.client
+import os
 import signal
 import socket
 import ssl
@@ -17,7 +18,7 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 
-from webhook.tls.certs import CertSpec, issue, write
+from webhook.tls.certs import CertSpec, IssuedCerts, issue, write
 
 from .harness import fixture, fixture_cache, make_certs, running_server, server_process
 
@@ -180,7 +181,7 @@ def test_sigterm_finishes_in_flight_reviews_then_exits(tmp_path: Path) -> None:
         assert body["response"]["uid"] == REVIEW["request"]["uid"]
         assert proc.process.wait(timeout=20) == 0
         messages = [line["msg"] for line in proc.log_lines()]
-        assert "shutting down: finishing in-flight reviews" in messages
+        assert "closing the listener: finishing in-flight reviews" in messages
         assert messages[-1] == "stopped"
 
 
@@ -210,3 +211,77 @@ def test_slow_headers_get_408_and_others_are_served(tmp_path: Path) -> None:
             assert sock.recv(4096) == b""  # closed
             sock.close()
         assert time.monotonic() - start < 4
+
+
+def test_shutdown_delay_keeps_serving_while_not_ready(tmp_path: Path) -> None:
+    """With --shutdown-delay, SIGTERM first only turns /readyz false (so Kubernetes can take the
+    pod out of the Service's endpoints) while reviews are still served; then the process exits."""
+    certs = tmp_path / "certs"
+    ca = make_certs(certs)
+    with server_process(certs, "--shutdown-delay", "1.5") as proc:
+        proc.process.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        assert httpx.get(f"{proc.health_url}/readyz").status_code == 503
+        with httpx.Client(verify=trusting(ca)) as client:
+            assert client.post(f"{proc.url}{PATH}", content=BODY).status_code == 200
+        assert proc.process.wait(timeout=20) == 0
+
+
+def test_a_port_in_use_is_a_clean_error(tmp_path: Path) -> None:
+    certs = tmp_path / "certs"
+    make_certs(certs)
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        with server_process(certs, "--port", str(port), wait=False) as proc:
+            assert proc.process.wait(timeout=20) == 2
+        text = proc.log_file.read_text()
+        assert f"error: cannot listen on 127.0.0.1:{port}" in text
+        assert "Traceback" not in text
+
+
+def mount_like_kubelet(root: Path, issued: IssuedCerts, version: str) -> None:
+    """The pair laid out as the kubelet mounts a Secret: `tls.crt -> ..data/tls.crt`, with
+    `..data` a symlink to a timestamped directory, swapped atomically on every update."""
+    data = root / f"..{version}"
+    data.mkdir(parents=True)
+    (data / "tls.crt").write_bytes(issued.cert_pem)
+    (data / "tls.key").write_bytes(issued.key_pem)
+    staged = root / "..data_tmp"
+    staged.symlink_to(data.name)
+    os.replace(staged, root / "..data")
+    for name in ("tls.crt", "tls.key"):
+        if not (root / name).is_symlink():
+            (root / name).symlink_to(f"..data/{name}")
+
+
+def test_rotation_of_a_kubelet_mounted_secret_in_the_real_process(tmp_path: Path) -> None:
+    """The production loop (uvloop, `python -m webhook serve`) and the production file layout."""
+    certs = tmp_path / "secret"
+    old, new = issue(CertSpec()), issue(CertSpec())
+    for i, pair in enumerate((old, new)):
+        (tmp_path / f"ca-{i}.crt").write_bytes(pair.ca_cert_pem)
+    ctx = trusting(tmp_path / "ca-0.crt", tmp_path / "ca-1.crt")
+    mount_like_kubelet(certs, old, "2026_11_29_10_00_00.1")
+    prints = [hashlib.sha256(_der(p.cert_pem)).hexdigest() for p in (old, new)]
+    with server_process(certs, "--cert-poll-seconds", "0.1") as proc:
+        port = int(proc.url.rsplit(":", 1)[1])
+        seen: list[str] = []
+        for _ in range(20):
+            status, _, presented = review_over_new_connection(port, ctx)
+            assert status == 200
+            seen.append(presented)
+        mount_like_kubelet(certs, new, "2026_11_29_11_00_00.2")
+        deadline = time.monotonic() + 10
+        while prints[1] not in seen[-5:]:
+            assert time.monotonic() < deadline, "the new certificate was never served"
+            status, _, presented = review_over_new_connection(port, ctx)
+            assert status == 200
+            seen.append(presented)
+        for _ in range(20):
+            status, _, presented = review_over_new_connection(port, ctx)
+            assert (status, presented) == (200, prints[1])
+    assert set(seen[:20]) == {prints[0]}
+
+
+def _der(pem: bytes) -> bytes:
+    return x509.load_pem_x509_certificate(pem).public_bytes(Encoding.DER)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import pathlib
 import sys
@@ -159,6 +160,35 @@ def _env(name: str, default: str) -> str:
     return os.environ.get(f"WEBHOOK_{name}", default)
 
 
+def _port(text: str) -> int:
+    port = int(text)
+    if not 1 <= port <= 65535:
+        raise ValueError(text)
+    return port
+
+
+def _positive(kind: type[int] | type[float]) -> Any:
+    def convert(text: str) -> int | float:
+        value = kind(text)
+        if value <= 0:
+            raise ValueError(text)
+        return value
+
+    convert.__name__ = f"positive {kind.__name__}"  # argparse names it in its error message
+    return convert
+
+
+def _at_least_zero(text: str) -> float:
+    value = float(text)
+    if value < 0:
+        raise ValueError(text)
+    return value
+
+
+_port.__name__ = "port (1-65535)"
+_at_least_zero.__name__ = "number >= 0"
+
+
 def _add_serve(commands: Any) -> None:
     serve = commands.add_parser(
         "serve",
@@ -166,28 +196,38 @@ def _add_serve(commands: Any) -> None:
         description="Serve the admission webhooks over TLS, with health probes over plain HTTP. "
         "Every flag can also be set by the environment variable shown.",
     )
-    opts: list[tuple[str, str, type, str, str]] = [
+    opts: list[tuple[str, str, Any, str, str]] = [
         ("--host", "HOST", str, "0.0.0.0", "address to listen on"),
-        ("--port", "PORT", int, "9443", "webhook (TLS) port"),
-        ("--health-port", "HEALTH_PORT", int, "8081", "plain-HTTP port for /healthz and /readyz"),
+        ("--port", "PORT", _port, "9443", "webhook (TLS) port"),
+        ("--health-port", "HEALTH_PORT", _port, "8081", "plain-HTTP port for /healthz and /readyz"),
         ("--cert-dir", "CERT_DIR", str, "certs", "directory holding tls.crt and tls.key"),
         ("--kubeconfig", "KUBECONFIG", str, "", "kubeconfig file (default: in-cluster, "
          "else $KUBECONFIG, else no cluster)"),
-        ("--log-level", "LOG_LEVEL", str, "info", "debug, info, warning or error"),
-        ("--cert-poll-seconds", "CERT_POLL_SECONDS", float, "5", "how often tls.* are re-read"),
-        ("--shutdown-timeout", "SHUTDOWN_TIMEOUT", float, "25",
+        ("--cert-poll-seconds", "CERT_POLL_SECONDS", _positive(float), "5",
+         "how often tls.* are re-read"),
+        ("--shutdown-delay", "SHUTDOWN_DELAY", _at_least_zero, "0",
+         "seconds to keep serving, not ready, after SIGTERM (endpoint removal)"),
+        ("--shutdown-timeout", "SHUTDOWN_TIMEOUT", _positive(float), "25",
          "seconds in-flight reviews get to finish on SIGTERM"),
-        ("--max-body-bytes", "MAX_BODY_BYTES", int, str(6 * 1024 * 1024),
+        ("--max-body-bytes", "MAX_BODY_BYTES", _positive(int), str(6 * 1024 * 1024),
          "larger AdmissionReview bodies get 413"),
-        ("--header-timeout", "HEADER_TIMEOUT", float, "10",
+        ("--header-timeout", "HEADER_TIMEOUT", _positive(float), "10",
          "seconds a request's headers may take (slow clients get 408)"),
-        ("--body-timeout", "BODY_TIMEOUT", float, "10",
+        ("--body-timeout", "BODY_TIMEOUT", _positive(float), "10",
          "seconds a request's body may take (slow clients get 408)"),
     ]  # fmt: skip
+    # String defaults go through `type` too, so a bad environment value is a usage error.
     for flag, env, kind, default, text in opts:
         serve.add_argument(
-            flag, type=kind, default=kind(_env(env, default)), help=f"{text} [$WEBHOOK_{env}]"
+            flag, type=kind, default=_env(env, default), help=f"{text} [$WEBHOOK_{env}]"
         )
+    serve.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        type=str.lower,
+        default=_env("LOG_LEVEL", "info").lower(),
+        help="[$WEBHOOK_LOG_LEVEL]",
+    )
 
 
 def _add_certs(commands: Any) -> None:
@@ -208,7 +248,7 @@ def _add_certs(commands: Any) -> None:
 def serve_command(args: argparse.Namespace) -> int:
     from .server import logs
     from .server.app import Limits
-    from .server.run import Settings, serve
+    from .server.run import Settings, StartupError, serve
 
     logs.configure(args.log_level)
     settings = Settings(
@@ -219,15 +259,22 @@ def serve_command(args: argparse.Namespace) -> int:
         kubeconfig=args.kubeconfig or None,
         cert_poll_seconds=args.cert_poll_seconds,
         shutdown_timeout=args.shutdown_timeout,
+        shutdown_delay=args.shutdown_delay,
         header_timeout=args.header_timeout,
         limits=Limits(max_body_bytes=args.max_body_bytes, body_timeout=args.body_timeout),
     )
     try:
         import uvloop
 
-        uvloop.run(serve(settings))
+        run: Any = uvloop.run
     except ImportError:
-        asyncio.run(serve(settings))
+        run = asyncio.run
+    try:
+        run(serve(settings))
+    except StartupError as err:
+        logging.getLogger("webhook.serve").error(str(err))
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_USAGE
     return 0
 
 

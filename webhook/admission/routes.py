@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..core.trainer import TRAINER_GROUP
 from . import handlers as h
 from .review import Decision, Review, errored
 
@@ -35,7 +36,7 @@ class Webhook:
         return errored(400, f"webhook {self.path} handles {want}, not {got or 'nothing'}")
 
 
-TRAINER = "trainer.kubeflow.org"
+TRAINER = TRAINER_GROUP
 SCHEDULING = "scheduling.k8s.io"
 
 WEBHOOKS: tuple[Webhook, ...] = (

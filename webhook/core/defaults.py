@@ -14,9 +14,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from .plan import GroupPlan, Plan
-from .trainer import TRAINER_GROUP
+from .trainer import TRAINER_GROUP, TRAINJOB_KIND
 
-TRAINJOB_KIND = "TrainJob"
 GANG_DEFAULT: dict[str, Any] = {"gang": {}}
 
 

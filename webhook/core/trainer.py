@@ -15,6 +15,7 @@ TRAINER_GROUP = "trainer.kubeflow.org"
 TRAINER_API_VERSION = f"{TRAINER_GROUP}/v1alpha1"
 ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"
 ANCESTOR_TRAINER = "trainer"
+TRAINJOB_KIND = "TrainJob"
 CLUSTER_RUNTIME_KIND = "ClusterTrainingRuntime"
 NAMESPACED_RUNTIME_KIND = "TrainingRuntime"
 RUNTIME_KINDS = (CLUSTER_RUNTIME_KIND, NAMESPACED_RUNTIME_KIND)
@@ -232,7 +233,7 @@ class TrainJobStatus(Model):
 
 class TrainJob(Model):
     api_version: str = TRAINER_API_VERSION
-    kind: str = "TrainJob"
+    kind: str = TRAINJOB_KIND
     metadata: ObjectMeta = Field(default_factory=ObjectMeta)
     spec: TrainJobSpec = Field(default_factory=TrainJobSpec)
     status: TrainJobStatus | None = None

@@ -11,12 +11,13 @@ from typing import Any
 from kubernetes.aio import config as kube_config
 from kubernetes.aio.client import ApiClient, Configuration
 
+from ..core.trainer import TRAINER_GROUP
 from .cache import Cache, Store
 from .informer import Informer, Resource
 
 log = logging.getLogger("webhook.kube")
 
-TRAINER = "trainer.kubeflow.org"
+TRAINER = TRAINER_GROUP
 TRAINJOBS = Resource(TRAINER, "v1alpha1", "trainjobs")
 TRAINING_RUNTIMES = Resource(TRAINER, "v1alpha1", "trainingruntimes")
 CLUSTER_RUNTIMES = Resource(TRAINER, "v1alpha1", "clustertrainingruntimes")

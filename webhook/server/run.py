@@ -11,6 +11,7 @@ import contextlib
 import logging
 import math
 import signal
+import socket
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +39,7 @@ class Settings:
     cert_poll_seconds: float = 5.0
     header_timeout: float = 10.0  # a request's headers must arrive within this (slowloris)
     shutdown_timeout: float = 25.0  # under the pod's default 30 s grace period
+    shutdown_delay: float = 0.0  # keep serving (not ready) this long after SIGTERM
     limits: Limits = field(default_factory=Limits)
 
 
@@ -94,16 +96,27 @@ class Service:
         )
 
     def stop(self) -> None:
-        if not self.stopping.is_set():
-            log.info("shutting down: finishing in-flight reviews")
-            self.stopping.set()
+        """Not ready at once; after `shutdown_delay` (time for the endpoints to drop this pod)
+        stop accepting connections and let in-flight reviews finish."""
+        if self.stopping.is_set():
+            return
+        self.stopping.set()
+        delay = self.settings.shutdown_delay
+        log.info("shutting down", extra={"fields": {"accepting_for_seconds": delay}})
+
+        def close() -> None:
+            log.info("closing the listener: finishing in-flight reviews")
             self.webhooks.should_exit = True
 
+        asyncio.get_running_loop().call_later(delay, close)
+
     async def run(self, background: list[asyncio.Task[None]]) -> None:
+        s = self.settings
+        sockets = [_listen(s.host, s.port), _listen(s.host, s.health_port)]
         watcher = asyncio.create_task(self._watch_certificate())
-        probes = asyncio.create_task(self.probes.serve())
+        probes = asyncio.create_task(self.probes.serve(sockets[1:]))
         try:
-            await self.webhooks.serve()
+            await self.webhooks.serve(sockets[:1])
         finally:
             self.probes.should_exit = True
             await probes
@@ -118,10 +131,25 @@ class Service:
             await asyncio.sleep(self.settings.cert_poll_seconds)
 
 
+class StartupError(Exception):
+    """The service cannot start (a port, a kubeconfig); the message says why."""
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    # Bound here rather than by uvicorn, which would exit the process from inside a task.
+    try:
+        return socket.create_server((host, port), backlog=2048)
+    except OSError as err:
+        raise StartupError(f"cannot listen on {host}:{port}: {err.strerror}") from None
+
+
 async def serve(settings: Settings) -> None:
     tls = ReloadingContext(settings.cert_dir / "tls.crt", settings.cert_dir / "tls.key")
     tls.reload()
-    api = await connect(settings.kubeconfig)
+    try:
+        api = await connect(settings.kubeconfig)
+    except Exception as err:  # the client's loaders raise anything from ConfigException to OSError
+        raise StartupError(f"cannot load the cluster configuration: {err}") from None
     cache = Cache(connected=api is not None)
     service = Service(settings, cache, tls)
     loop = asyncio.get_running_loop()

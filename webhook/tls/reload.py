@@ -35,6 +35,7 @@ class ReloadingContext:
         self.current: ssl.SSLContext | None = None
         self.expires_at: datetime | None = None
         self._digest: bytes | None = None
+        self._last_problem = ""  # logged once, not on every poll
 
     @property
     def loaded(self) -> bool:
@@ -49,7 +50,7 @@ class ReloadingContext:
         try:
             cert, digest = self._read()
         except OSError as err:
-            log.warning("certificate not readable", extra={"fields": {"error": str(err)}})
+            self._problem("certificate not readable", str(err))
             return False
         if digest == self._digest:
             return False
@@ -63,17 +64,20 @@ class ReloadingContext:
                 self.context.load_cert_chain(self.cert_file, self.key_file)
         except (OSError, ssl.SSLError, ValueError) as err:
             # Typically the cert and key were caught mid-rotation: keep serving the old pair.
-            log.warning(
-                "certificate not loaded, keeping the previous one",
-                extra={"fields": {"cert": str(self.cert_file), "error": str(err)}},
-            )
+            self._problem("certificate not loaded, keeping the previous one", str(err))
             return False
         self.current, self.expires_at, self._digest = fresh, expires, digest
+        self._last_problem = ""
         log.info(
             "certificate loaded",
             extra={"fields": {"cert": str(self.cert_file), "expires": expires.isoformat()}},
         )
         return True
+
+    def _problem(self, message: str, error: str) -> None:
+        if error != self._last_problem:
+            self._last_problem = error
+            log.warning(message, extra={"fields": {"cert": str(self.cert_file), "error": error}})
 
     def _read(self) -> tuple[bytes, bytes]:
         """The certificate, and a digest of certificate and key together."""
