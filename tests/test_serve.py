@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import http.client
 import os
@@ -18,6 +19,7 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 
+from webhook.server.run import listen
 from webhook.tls.certs import CertSpec, IssuedCerts, issue, write
 
 from .harness import fixture, fixture_cache, make_certs, running_server, server_process
@@ -285,3 +287,28 @@ def test_rotation_of_a_kubelet_mounted_secret_in_the_real_process(tmp_path: Path
 
 def _der(pem: bytes) -> bytes:
     return x509.load_pem_x509_certificate(pem).public_bytes(Encoding.DER)
+
+
+def test_served_connections_have_nagle_off() -> None:
+    """The listener is made so that asyncio sets TCP_NODELAY on each connection; with Nagle on,
+    an answer written as headers + body waits for a delayed ACK: 40 ms a review."""
+    listener = listen("127.0.0.1", 0)
+    nodelay: list[int] = []
+
+    class Record(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            sock = transport.get_extra_info("socket")
+            nodelay.append(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+            transport.close()
+
+    async def main() -> None:
+        server = await asyncio.get_running_loop().create_server(Record, sock=listener)
+        port = listener.getsockname()[1]
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        while not nodelay:
+            await asyncio.sleep(0.01)
+        writer.close()
+        server.close()
+
+    asyncio.run(main())
+    assert nodelay == [1]

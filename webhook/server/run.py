@@ -112,7 +112,7 @@ class Service:
 
     async def run(self, background: list[asyncio.Task[None]]) -> None:
         s = self.settings
-        sockets = [_listen(s.host, s.port), _listen(s.host, s.health_port)]
+        sockets = [listen(s.host, s.port), listen(s.host, s.health_port)]
         watcher = asyncio.create_task(self._watch_certificate())
         probes = asyncio.create_task(self.probes.serve(sockets[1:]))
         try:
@@ -135,7 +135,7 @@ class StartupError(Exception):
     """The service cannot start (a port, a kubeconfig); the message says why."""
 
 
-def _listen(host: str, port: int) -> socket.socket:
+def listen(host: str, port: int) -> socket.socket:
     """A listening socket, bound here rather than by uvicorn (which would exit the process from
     inside a task). Made with proto IPPROTO_TCP: asyncio only sets TCP_NODELAY on connections of
     such sockets, and without it Nagle and delayed ACKs add 40 ms to every answer."""
