@@ -1,7 +1,7 @@
 """`serve`: the webhooks over TLS, the probes over plain HTTP, the cache's watches; one process.
 
-Shutdown (SIGTERM or SIGINT): /readyz turns false, the TLS listener closes, in-flight reviews
-finish (up to `shutdown_timeout`), then the probes and the watches stop.
+Shutdown (SIGTERM or SIGINT): /readyz turns false; after `shutdown_delay` the TLS listener
+closes, in-flight reviews finish (up to `shutdown_timeout`), then the probes and the watches stop.
 """
 
 from __future__ import annotations
