@@ -15,9 +15,9 @@ from ..core import defaults
 from ..core import errors as fe
 from ..core.errors import FieldError, Path
 from ..core.fields import parse
-from ..core.lifecycle import wants_gang
-from ..core.plan import JOBSET_NAME, pod_group_for_labels
-from ..core.trainer import CLUSTER_RUNTIME_KIND, TrainJob
+from ..core.lifecycle import gang_exists
+from ..core.plan import JOBSET_NAME, Plan, pod_group_for_labels
+from ..core.trainer import TrainJob
 from ..core.validation import check_trainjob, validate_runtime
 from ..kube.cache import Cache
 from .review import Decision, Review
@@ -123,13 +123,10 @@ def validate_trainjob_review(review: Review, cache: Cache) -> Decision:
         old = parse(TrainJob, review.old_object)[0]
     namespace = review.namespace or trainjob.namespace
     ref = trainjob.spec.runtime_ref
-    runtime = cache.runtime(ref.kind, namespace, ref.name or "")
-    if runtime is None and old is None and not cache.knows_runtimes(ref.kind):
+    runtime = cache.runtime(trainjob.runtime_kind, namespace, ref.name or "")
+    if runtime is None and old is None and not cache.knows_runtimes(trainjob.runtime_kind):
         return denied(review, [_runtime_unknowable(trainjob, cache.connected)])
-    gang_exists = (
-        old is not None and runtime is not None and runtime.layout is not None and wants_gang(old)
-    )
-    verdict = check_trainjob(trainjob, runtime, old, gang_exists)
+    verdict = check_trainjob(trainjob, runtime, old, gang_exists(old, runtime))
     # The runtime's own warnings went to its author at its apply; the TrainJob's author would
     # only see them on every submission, so they are not repeated here.
     return Decision() if verdict.allowed else denied(review, verdict.errors)
@@ -138,7 +135,7 @@ def validate_trainjob_review(review: Review, cache: Cache) -> Decision:
 def _runtime_unknowable(trainjob: TrainJob, connected: bool) -> FieldError:
     # Without a cluster, or before the first list, the cache cannot know the runtime. The chart's
     # failurePolicy for this webhook is Fail ("no TrainJob goes unchecked"): denied too.
-    kind = trainjob.spec.runtime_ref.kind or CLUSTER_RUNTIME_KIND
+    kind = trainjob.runtime_kind
     why = (
         f"the webhook service has not read the {kind}s from the cluster yet; retry shortly"
         if connected
@@ -203,37 +200,26 @@ def pod_group_op(pod: dict[str, Any], pod_group: str) -> dict[str, Any]:
 
 
 def mutate_workload_review(review: Review, cache: Cache) -> Decision:
-    if _skips(review):
-        return Decision()
-    workload = review.object
-    assert workload is not None
-    spec = workload.get("spec")
-    templates = spec.get("podGroupTemplates") if isinstance(spec, dict) else None
-    if not isinstance(templates, list) or not any(
-        isinstance(t, dict) and defaults.lacks_min_count(t.get("schedulingPolicy"))
-        for t in templates
-    ):
-        return Decision()
-    return _default_min_count(review, cache, workload, defaults.with_workload_min_counts)
+    return _default_min_count(
+        review, cache, defaults.workload_lacks_min_count, defaults.with_workload_min_counts
+    )
 
 
 def mutate_pod_group_review(review: Review, cache: Cache) -> Decision:
-    if _skips(review):
-        return Decision()
-    pod_group = review.object
-    assert pod_group is not None
-    spec = pod_group.get("spec")
-    if not isinstance(spec, dict) or not defaults.lacks_min_count(spec.get("schedulingPolicy")):
-        return Decision()
-    return _default_min_count(review, cache, pod_group, defaults.with_pod_group_min_count)
+    return _default_min_count(
+        review, cache, defaults.pod_group_lacks_min_count, defaults.with_pod_group_min_count
+    )
 
 
 def _default_min_count(
     review: Review,
     cache: Cache,
-    obj: dict[str, Any],
-    fill: Callable[[dict[str, Any], Any], tuple[dict[str, Any], list[str]]],
+    lacks: Callable[[dict[str, Any]], bool],
+    fill: Callable[[dict[str, Any], Plan], tuple[dict[str, Any], list[str]]],
 ) -> Decision:
+    obj = review.object
+    if _skips(review) or obj is None or not lacks(obj):
+        return Decision()  # most Workloads and PodGroups: nothing to look up
     trainjob = defaults.controlling_trainjob(obj)
     if trainjob is None:
         return Decision()  # not a TrainJob's: the API server will ask for minCount itself

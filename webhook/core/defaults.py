@@ -73,16 +73,12 @@ def controlling_trainjob(obj: Mapping[str, Any]) -> str | None:
     The controller ownerReference decides; a Workload without one may still name its TrainJob in
     `spec.controllerRef` (how a hand-written Workload says whom it schedules).
     """
-    meta = obj.get("metadata")
-    refs = meta.get("ownerReferences") if isinstance(meta, dict) else None
-    for ref in refs if isinstance(refs, list) else []:
-        if isinstance(ref, dict) and ref.get("controller") is True:
-            api_version = ref.get("apiVersion")
-            group = api_version.split("/", 1)[0] if isinstance(api_version, str) else None
-            if ref.get("kind") == TRAINJOB_KIND and group == TRAINER_GROUP:
-                name = ref.get("name")
-                return name if isinstance(name, str) and name else None
+    owner = _controller(obj)
+    if owner is not None:
+        if not _is_trainjob(owner):
             return None  # controlled by something else: not ours to default
+        name = owner.get("name")
+        return name if isinstance(name, str) and name else None
     spec = obj.get("spec")
     ref = spec.get("controllerRef") if isinstance(spec, dict) else None
     if (
@@ -98,13 +94,25 @@ def controlling_trainjob(obj: Mapping[str, Any]) -> str | None:
 
 def controller_uid(obj: Mapping[str, Any]) -> str | None:
     """The uid in a TrainJob controller ownerReference, when there is one."""
+    owner = _controller(obj)
+    uid = owner.get("uid") if owner is not None and _is_trainjob(owner) else None
+    return uid if isinstance(uid, str) else None
+
+
+def _controller(obj: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The controller ownerReference (at most one per object), if any."""
     meta = obj.get("metadata")
     refs = meta.get("ownerReferences") if isinstance(meta, dict) else None
     for ref in refs if isinstance(refs, list) else []:
         if isinstance(ref, dict) and ref.get("controller") is True:
-            uid = ref.get("uid")
-            return uid if ref.get("kind") == TRAINJOB_KIND and isinstance(uid, str) else None
+            return ref
     return None
+
+
+def _is_trainjob(owner: dict[str, Any]) -> bool:
+    api_version = owner.get("apiVersion")
+    group = api_version.split("/", 1)[0] if isinstance(api_version, str) else None
+    return owner.get("kind") == TRAINJOB_KIND and group == TRAINER_GROUP
 
 
 def lacks_min_count(policy: Any) -> bool:
@@ -113,6 +121,19 @@ def lacks_min_count(policy: Any) -> bool:
         return False
     gang = policy.get("gang")
     return isinstance(gang, dict) and not gang.get("minCount")
+
+
+def workload_lacks_min_count(workload: Mapping[str, Any]) -> bool:
+    spec = workload.get("spec")
+    templates = spec.get("podGroupTemplates") if isinstance(spec, dict) else None
+    return isinstance(templates, list) and any(
+        isinstance(t, dict) and lacks_min_count(t.get("schedulingPolicy")) for t in templates
+    )
+
+
+def pod_group_lacks_min_count(pod_group: Mapping[str, Any]) -> bool:
+    spec = pod_group.get("spec")
+    return isinstance(spec, dict) and lacks_min_count(spec.get("schedulingPolicy"))
 
 
 def with_workload_min_counts(
@@ -144,8 +165,7 @@ def with_pod_group_min_count(
 ) -> tuple[dict[str, Any], list[str]]:
     """A gang PodGroup lacking minCount gets its plan group's minCount."""
     out = dict(pod_group)
-    spec = out.get("spec")
-    if not isinstance(spec, dict) or not lacks_min_count(spec.get("schedulingPolicy")):
+    if not pod_group_lacks_min_count(out):
         return out, []
     spec = _own(out, "spec")
     meta = out.get("metadata")

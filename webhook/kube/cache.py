@@ -108,13 +108,11 @@ class Cache:
     def synced(self) -> bool:
         return all(store.synced for store in self.stores)
 
-    def knows_runtimes(self, kind: str | None) -> bool:
+    def knows_runtimes(self, kind: str) -> bool:
         """Whether a runtime of this kind missing from the cache is missing from the cluster."""
         if not self.connected:
             return False
-        if kind == NAMESPACED_RUNTIME_KIND:
-            return self.training_runtimes.synced
-        return self.cluster_runtimes.synced
+        return (self._runtime_store(kind) or self.cluster_runtimes).synced
 
     def runtime(self, kind: str | None, namespace: str, name: str) -> CheckedRuntime | None:
         """A runtime, checked once per version; `kind` as in a TrainJob's runtimeRef."""
@@ -130,7 +128,6 @@ class Cache:
         kind, runtime_name = _runtime_ref(entry.raw)
         runtime_entry = self._runtime_entry(kind, namespace, runtime_name)
         if runtime_entry is None:
-            kind = kind or CLUSTER_RUNTIME_KIND
             return PlanLookup("no-runtime", detail=f'no {kind} "{runtime_name}" in the cache')
         if entry.memo_key is runtime_entry:  # planned before against this very runtime version
             memo: PlanLookup = entry.memo
@@ -151,12 +148,16 @@ class Cache:
         entry.memo, entry.memo_key = lookup, runtime_entry
         return lookup
 
-    def _runtime_entry(self, kind: str | None, namespace: str, name: str) -> Entry | None:
+    def _runtime_store(self, kind: str | None) -> Store | None:
         if kind in (None, "", CLUSTER_RUNTIME_KIND):
-            return self.cluster_runtimes.get("", name)
-        if kind == NAMESPACED_RUNTIME_KIND:
-            return self.training_runtimes.get(namespace, name)
-        return None
+            return self.cluster_runtimes
+        return self.training_runtimes if kind == NAMESPACED_RUNTIME_KIND else None
+
+    def _runtime_entry(self, kind: str | None, namespace: str, name: str) -> Entry | None:
+        store = self._runtime_store(kind)
+        if store is None:
+            return None
+        return store.get(namespace if store is self.training_runtimes else "", name)
 
 
 def _checked_runtime(entry: Entry) -> CheckedRuntime:
@@ -166,10 +167,14 @@ def _checked_runtime(entry: Entry) -> CheckedRuntime:
     return checked
 
 
-def _runtime_ref(raw: Mapping[str, Any]) -> tuple[str | None, str]:
+def _runtime_ref(raw: Mapping[str, Any]) -> tuple[str, str]:
+    """(kind, defaulted as the CRD does; name) read from the raw TrainJob: the pod path must not
+    parse a TrainJob it has planned before."""
     spec = raw.get("spec")
     ref = spec.get("runtimeRef") if isinstance(spec, dict) else None
     if not isinstance(ref, dict):
-        return None, ""
+        return CLUSTER_RUNTIME_KIND, ""
     kind, name = ref.get("kind"), ref.get("name")
-    return (kind if isinstance(kind, str) else None), (name if isinstance(name, str) else "")
+    return (kind if isinstance(kind, str) and kind else CLUSTER_RUNTIME_KIND), (
+        name if isinstance(name, str) else ""
+    )

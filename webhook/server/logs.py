@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 import time
@@ -12,11 +13,21 @@ import orjson
 FIELDS = "fields"  # `logger.info(msg, extra={FIELDS: {...}})` adds these keys to the line
 
 
+@functools.lru_cache(maxsize=4)
+def _utc_second(second: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+
+
+def utc_timestamp(t: float) -> str:
+    """`2026-11-29T16:26:20.043Z`; the seconds part is formatted once a second."""
+    second = int(t)
+    return f"{_utc_second(second)}.{int((t - second) * 1000):03d}Z"
+
+
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         line: dict[str, Any] = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-            + f".{int(record.msecs):03d}Z",
+            "ts": utc_timestamp(record.created),
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),

@@ -16,6 +16,8 @@ from typing import Any, BinaryIO
 
 import orjson
 
+from .logs import utc_timestamp
+
 LOGGER = "webhook.admission"
 
 
@@ -26,16 +28,10 @@ class ReviewLog:
             logging.getLogger(LOGGER).isEnabledFor(logging.INFO) if enabled is None else enabled
         )
         self._pending: list[bytes] = []
-        self._second = -1
-        self._stamp = ""
 
     def write(self, fields: dict[str, Any]) -> None:
-        now = time.time()
-        second = int(now)
-        if second != self._second:  # strftime once a second, not once a review
-            self._second, self._stamp = second, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now))
         line = {
-            "ts": f"{self._stamp}.{int((now - second) * 1000):03d}Z",
+            "ts": utc_timestamp(time.time()),
             "level": "info",
             "logger": LOGGER,
             "msg": "admission review",

@@ -19,7 +19,7 @@ from typing import Any
 
 import uvicorn
 
-from ..kube.cache import Cache
+from ..kube.cache import Cache, Store
 from ..kube.client import connect, informers
 from ..tls.reload import ReloadingContext
 from .app import Limits, Readiness, admission_app, health_app
@@ -51,6 +51,24 @@ class _Server(uvicorn.Server):
         yield
 
 
+def _config(app: Any, settings: Settings, port: int, **extra: Any) -> uvicorn.Config:
+    """uvicorn as both servers run it: our logs only, no lifespan, a deadline for headers."""
+    return uvicorn.Config(
+        app,
+        host=settings.host,
+        port=port,
+        http=with_header_timeout(settings.header_timeout),
+        log_config=None,
+        access_log=False,
+        lifespan="off",
+        **extra,
+    )
+
+
+def _synced(store: Store) -> Callable[[], bool]:
+    return lambda: store.synced
+
+
 class Service:
     def __init__(
         self,
@@ -62,45 +80,33 @@ class Service:
         self.settings = settings
         self.cache = cache
         self.tls = tls
-        self.stopping = asyncio.Event()
+        self.stopping = False
         checks: dict[str, Callable[[], bool]] = {"certificate": lambda: tls.loaded}
-        for store in cache.stores:
-            checks[f"cache:{store.resource}"] = lambda store=store: store.synced  # type: ignore[misc]
-        checks["not-stopping"] = lambda: not self.stopping.is_set()
+        checks.update({f"cache:{store.resource}": _synced(store) for store in cache.stores})
+        checks["not-stopping"] = lambda: not self.stopping
         self.readiness = Readiness(checks)
         s = settings
-        common = {"log_config": None, "access_log": False, "lifespan": "off"}
         self.webhooks = _Server(
-            uvicorn.Config(
+            _config(
                 admission_app(cache, s.limits, review_log),
-                host=s.host,
-                port=s.port,
+                s,
+                s.port,
                 ssl_context_factory=lambda config, default: tls.context,
                 timeout_graceful_shutdown=math.ceil(s.shutdown_timeout),
                 # Longer than the API server's idle connections (Go: 90 s), so it never sends a
                 # review on a connection this end is closing.
                 timeout_keep_alive=100,
                 proxy_headers=False,  # the API server talks to us directly; no extra layer
-                http=with_header_timeout(s.header_timeout),
-                **common,  # type: ignore[arg-type]
             )
         )
-        self.probes = _Server(
-            uvicorn.Config(
-                health_app(self.readiness),
-                host=s.host,
-                port=s.health_port,
-                http=with_header_timeout(s.header_timeout),
-                **common,  # type: ignore[arg-type]
-            )
-        )
+        self.probes = _Server(_config(health_app(self.readiness), s, s.health_port))
 
     def stop(self) -> None:
         """Not ready at once; after `shutdown_delay` (time for the endpoints to drop this pod)
         stop accepting connections and let in-flight reviews finish."""
-        if self.stopping.is_set():
+        if self.stopping:
             return
-        self.stopping.set()
+        self.stopping = True
         delay = self.settings.shutdown_delay
         log.info("shutting down", extra={"fields": {"accepting_for_seconds": delay}})
 
