@@ -7,7 +7,7 @@ cache entry they came from: an update replaces the entry, and with it the memo.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -18,6 +18,8 @@ from ..core.validation import CheckedRuntime, check_stored_runtime
 
 Key = tuple[str, str]  # (namespace or "", name)
 EventType = Literal["ADDED", "MODIFIED", "DELETED"]
+# Told of every change after the store has it: (event, the object before or None, after or None).
+Listener = Callable[[EventType, dict[str, Any] | None, dict[str, Any] | None], None]
 
 
 class Entry:
@@ -46,6 +48,7 @@ class Store:
         self.resource = resource
         self.synced = False
         self._entries: dict[Key, Entry] = {}
+        self._listeners: list[Listener] = []
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -53,26 +56,51 @@ class Store:
     def get(self, namespace: str, name: str) -> Entry | None:
         return self._entries.get((namespace, name))
 
+    def items(self) -> Iterable[tuple[Key, Entry]]:
+        """A snapshot of the entries (safe to iterate while the store changes)."""
+        return list(self._entries.items())
+
+    def subscribe(self, listener: Listener) -> None:
+        self._listeners.append(listener)
+
     def replace(self, items: Iterable[dict[str, Any]]) -> None:
-        """A fresh list: the store becomes exactly these objects (keeping unchanged entries)."""
+        """A fresh list: the store becomes exactly these objects (keeping unchanged entries).
+        Listeners hear of what the list changed, as if it had come by watch events."""
         fresh: dict[Key, Entry] = {}
+        changes: list[tuple[EventType, dict[str, Any] | None, dict[str, Any] | None]] = []
         for raw in items:
             key = key_of(raw)
             if key is None:
                 continue
             old = self._entries.get(key)
-            fresh[key] = old if old is not None and old.raw == raw else Entry(raw)
+            if old is not None and old.raw == raw:
+                fresh[key] = old
+                continue
+            fresh[key] = Entry(raw)
+            changes.append(("ADDED" if old is None else "MODIFIED", old and old.raw, raw))
+        changes += [("DELETED", e.raw, None) for k, e in self._entries.items() if k not in fresh]
         self._entries = fresh
         self.synced = True
+        for change in changes:
+            self._tell(*change)
 
     def apply(self, event: EventType, raw: dict[str, Any]) -> None:
         key = key_of(raw)
         if key is None:
             return
         if event == "DELETED":
-            self._entries.pop(key, None)
+            gone = self._entries.pop(key, None)
+            self._tell(event, gone.raw if gone else raw, None)
         else:
+            old = self._entries.get(key)
             self._entries[key] = Entry(raw)
+            self._tell(event, old.raw if old else None, raw)
+
+    def _tell(
+        self, event: EventType, old: dict[str, Any] | None, new: dict[str, Any] | None
+    ) -> None:
+        for listener in self._listeners:
+            listener(event, old, new)
 
 
 @dataclass(frozen=True)
@@ -84,8 +112,13 @@ class PlanLookup:
     detail: str = ""
 
 
+# Whether scheduling.k8s.io/v1beta1 serves workloads and podgroups (discovery says).
+GangApi = Literal["unknown", "served", "not-served"]
+
+
 class Cache:
-    """TrainJobs, TrainingRuntimes and ClusterTrainingRuntimes.
+    """TrainJobs, TrainingRuntimes and ClusterTrainingRuntimes (the webhooks and the reconciler
+    read them), and the Workloads and PodGroups the reconciler writes.
 
     `connected` is False when the service runs without a cluster: the stores stay empty and
     count as synced, so the webhooks still answer (and say they know nothing).
@@ -96,13 +129,22 @@ class Cache:
         self.trainjobs = Store("trainjobs")
         self.training_runtimes = Store("trainingruntimes")
         self.cluster_runtimes = Store("clustertrainingruntimes")
+        self.workloads = Store("workloads")
+        self.pod_groups = Store("podgroups")
+        self.gang_api: GangApi = "unknown"
         if not connected:
-            for store in self.stores:
+            for store in (*self.stores, *self.scheduling_stores):
                 store.synced = True
 
     @property
     def stores(self) -> tuple[Store, ...]:
+        """The stores the webhooks need synced before they are ready."""
         return (self.trainjobs, self.training_runtimes, self.cluster_runtimes)
+
+    @property
+    def scheduling_stores(self) -> tuple[Store, ...]:
+        """The reconciler's own objects; watched only while the API serves them."""
+        return (self.workloads, self.pod_groups)
 
     @property
     def synced(self) -> bool:
