@@ -77,7 +77,7 @@ class Store:
                 fresh[key] = old
                 continue
             fresh[key] = Entry(raw)
-            changes.append(("ADDED" if old is None else "MODIFIED", old and old.raw, raw))
+            changes.append(("ADDED" if old is None else "MODIFIED", old.raw if old else None, raw))
         changes += [("DELETED", e.raw, None) for k, e in self._entries.items() if k not in fresh]
         self._entries = fresh
         self.synced = True
