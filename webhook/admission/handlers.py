@@ -161,6 +161,9 @@ def mutate_pod_review(review: Review, cache: Cache) -> Decision:
     spec = pod.get("spec")
     if isinstance(spec, dict) and spec.get("schedulingGroup") is not None:
         return Decision()  # already in a group: whoever set it decides
+    if cache.gang_api == "not-served":
+        # The API server would drop the field silently (GenericWorkload off): say so in the log.
+        return Decision(note="schedulingGroup not set: scheduling.k8s.io/v1beta1 is not served")
     lookup = cache.plan_for(_namespace(review, pod), trainjob)
     if lookup.plan is None:
         if lookup.state == "no-scheduling":

@@ -73,9 +73,9 @@ def controlling_trainjob(obj: Mapping[str, Any]) -> str | None:
     The controller ownerReference decides; a Workload without one may still name its TrainJob in
     `spec.controllerRef` (how a hand-written Workload says whom it schedules).
     """
-    owner = _controller(obj)
+    owner = controller_ref(obj)
     if owner is not None:
-        if not _is_trainjob(owner):
+        if not is_trainjob_ref(owner):
             return None  # controlled by something else: not ours to default
         name = owner.get("name")
         return name if isinstance(name, str) and name else None
@@ -94,12 +94,12 @@ def controlling_trainjob(obj: Mapping[str, Any]) -> str | None:
 
 def controller_uid(obj: Mapping[str, Any]) -> str | None:
     """The uid in a TrainJob controller ownerReference, when there is one."""
-    owner = _controller(obj)
-    uid = owner.get("uid") if owner is not None and _is_trainjob(owner) else None
+    owner = controller_ref(obj)
+    uid = owner.get("uid") if owner is not None and is_trainjob_ref(owner) else None
     return uid if isinstance(uid, str) else None
 
 
-def _controller(obj: Mapping[str, Any]) -> dict[str, Any] | None:
+def controller_ref(obj: Mapping[str, Any]) -> dict[str, Any] | None:
     """The controller ownerReference (at most one per object), if any."""
     meta = obj.get("metadata")
     refs = meta.get("ownerReferences") if isinstance(meta, dict) else None
@@ -109,7 +109,7 @@ def _controller(obj: Mapping[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-def _is_trainjob(owner: dict[str, Any]) -> bool:
+def is_trainjob_ref(owner: dict[str, Any]) -> bool:
     api_version = owner.get("apiVersion")
     group = api_version.split("/", 1)[0] if isinstance(api_version, str) else None
     return owner.get("kind") == TRAINJOB_KIND and group == TRAINER_GROUP

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from ..core.fields import parse
 from ..core.plan import Plan, PlanningError, build_plan
+from ..core.snapshot import SNAPSHOT_ANNOTATION, from_annotations, snapshot_of
 from ..core.trainer import CLUSTER_RUNTIME_KIND, NAMESPACED_RUNTIME_KIND, Runtime, TrainJob
 from ..core.validation import CheckedRuntime, check_stored_runtime
 
@@ -49,6 +50,8 @@ class Store:
         self.synced = False
         self._entries: dict[Key, Entry] = {}
         self._listeners: list[Listener] = []
+        self.watched: tuple[str, ...] | None = None  # namespaces listed one by one, if so
+        self._listed: set[str | None] = set()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -63,10 +66,13 @@ class Store:
     def subscribe(self, listener: Listener) -> None:
         self._listeners.append(listener)
 
-    def replace(self, items: Iterable[dict[str, Any]]) -> None:
-        """A fresh list: the store becomes exactly these objects (keeping unchanged entries).
-        Listeners hear of what the list changed, as if it had come by watch events."""
-        fresh: dict[Key, Entry] = {}
+    def replace(self, items: Iterable[dict[str, Any]], namespace: str | None = None) -> None:
+        """A fresh list: the store becomes exactly these objects (keeping unchanged entries);
+        with `namespace`, only that namespace's part of the store (one informer per watched
+        namespace). Listeners hear of what the list changed, as if by watch events."""
+        fresh: dict[Key, Entry] = (
+            {k: e for k, e in self._entries.items() if k[0] != namespace} if namespace else {}
+        )
         changes: list[tuple[EventType, dict[str, Any] | None, dict[str, Any] | None]] = []
         for raw in items:
             key = key_of(raw)
@@ -80,9 +86,16 @@ class Store:
             changes.append(("ADDED" if old is None else "MODIFIED", old.raw if old else None, raw))
         changes += [("DELETED", e.raw, None) for k, e in self._entries.items() if k not in fresh]
         self._entries = fresh
-        self.synced = True
+        self._listed.add(namespace)
+        self.synced = self.watched is None or all(ns in self._listed for ns in self.watched)
         for change in changes:
             self._tell(*change)
+
+    def forget(self) -> None:
+        """Empty and not synced (its watch stopped); listeners hear of each removal."""
+        self.replace([])
+        self.synced = False
+        self._listed.clear()
 
     def apply(self, event: EventType, raw: dict[str, Any]) -> None:
         key = key_of(raw)
@@ -132,6 +145,7 @@ class Cache:
         self.workloads = Store("workloads")
         self.pod_groups = Store("podgroups")
         self.gang_api: GangApi = "unknown"
+        self._snapshots: dict[str, CheckedRuntime] = {}
         if not connected:
             for store in (*self.stores, *self.scheduling_stores):
                 store.synced = True
@@ -162,33 +176,59 @@ class Cache:
         return None if entry is None else _checked_runtime(entry)
 
     def plan_for(self, namespace: str, name: str) -> PlanLookup:
-        """The plan of TrainJob namespace/name under its runtime's current version."""
+        """The plan of TrainJob namespace/name: under the runtime snapshot the reconciler froze
+        into it (`core/snapshot.py`), else under its runtime's current version."""
         entry = self.trainjobs.get(namespace, name)
         if entry is None:
             detail = f'no TrainJob "{namespace}/{name}" in the cache'
             return PlanLookup("no-trainjob", detail=detail)
-        kind, runtime_name = _runtime_ref(entry.raw)
-        runtime_entry = self._runtime_entry(kind, namespace, runtime_name)
-        if runtime_entry is None:
-            return PlanLookup("no-runtime", detail=f'no {kind} "{runtime_name}" in the cache')
-        if entry.memo_key is runtime_entry:  # planned before against this very runtime version
+        frozen = snapshot_of(entry.raw)
+        runtime_entry = None
+        if frozen is None:
+            kind, runtime_name = _runtime_ref(entry.raw)
+            runtime_entry = self._runtime_entry(kind, namespace, runtime_name)
+            if runtime_entry is None:
+                return PlanLookup("no-runtime", detail=f'no {kind} "{runtime_name}" in the cache')
+        runtime_memo = frozen if frozen is not None else runtime_entry
+        if entry.memo_key is runtime_memo:  # planned before against this very runtime version
             memo: PlanLookup = entry.memo
             return memo
+        if runtime_entry is not None:
+            checked: CheckedRuntime | None = _checked_runtime(runtime_entry)
+        else:
+            assert frozen is not None
+            checked = self._snapshot_runtime(frozen)
+        if checked is None:
+            return PlanLookup("invalid", detail="the runtime snapshot does not parse")
         trainjob, _ = parse(TrainJob, entry.raw)
         if trainjob is None:
             lookup = PlanLookup("invalid", detail=f'TrainJob "{namespace}/{name}" does not parse')
         else:
             try:
-                plan = build_plan(trainjob, _checked_runtime(runtime_entry))
+                plan = build_plan(trainjob, checked)
                 lookup = (
                     PlanLookup("ok", plan)
                     if plan
-                    else PlanLookup("no-scheduling", detail=f"{kind} has no spec.scheduling")
+                    else PlanLookup("no-scheduling", detail="the runtime has no spec.scheduling")
                 )
             except PlanningError as err:
                 lookup = PlanLookup("invalid", detail=str(err.errors[0]))
-        entry.memo, entry.memo_key = lookup, runtime_entry
+        entry.memo, entry.memo_key = lookup, runtime_memo
         return lookup
+
+    def _snapshot_runtime(self, text: str) -> CheckedRuntime | None:
+        """A frozen runtime, checked once per distinct snapshot (TrainJobs of one runtime
+        version share the text)."""
+        checked = self._snapshots.get(text)
+        if checked is None:
+            runtime = from_annotations({SNAPSHOT_ANNOTATION: text})
+            if runtime is None:
+                return None
+            checked = check_stored_runtime(runtime)
+            if len(self._snapshots) >= 1024:
+                self._snapshots.pop(next(iter(self._snapshots)))
+            self._snapshots[text] = checked
+        return checked
 
     def _runtime_store(self, kind: str | None) -> Store | None:
         if kind in (None, "", CLUSTER_RUNTIME_KIND):

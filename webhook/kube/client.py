@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,10 +51,53 @@ async def connect(
     return ApiClient(configuration=cfg)
 
 
-def informers(api: ApiClient, cache: Cache) -> list[Informer]:
-    pairs: list[tuple[Resource, Store]] = [
-        (TRAINJOBS, cache.trainjobs),
-        (TRAINING_RUNTIMES, cache.training_runtimes),
-        (CLUSTER_RUNTIMES, cache.cluster_runtimes),
+WORKLOADS = Resource("scheduling.k8s.io", "v1beta1", "workloads")
+POD_GROUPS = Resource("scheduling.k8s.io", "v1beta1", "podgroups")
+SCHEDULING_NOT_SERVED = " (scheduling.k8s.io/v1beta1 is not served: is GenericWorkload on?)"
+
+
+def _per_namespace(
+    api: ApiClient,
+    resource: Resource,
+    store: Store,
+    namespaces: Sequence[str],
+    on_restart: Callable[[str], None] | None,
+    **kw: Any,
+) -> list[Informer]:
+    """One informer for all namespaces, or one per watched namespace."""
+    restart = (lambda: on_restart(resource.plural)) if on_restart else None
+    if not namespaces:
+        return [Informer(api, resource, store, on_restart=restart, **kw)]
+    store.watched = tuple(namespaces)
+    return [
+        Informer(api, resource, store, namespace=ns, on_restart=restart, **kw) for ns in namespaces
     ]
-    return [Informer(api, resource, store) for resource, store in pairs]
+
+
+def informers(
+    api: ApiClient,
+    cache: Cache,
+    namespaces: Sequence[str] = (),
+    on_restart: Callable[[str], None] | None = None,
+) -> list[Informer]:
+    """The webhooks' watches: TrainJobs and TrainingRuntimes (in `namespaces`, or everywhere)
+    and ClusterTrainingRuntimes."""
+    return [
+        *_per_namespace(api, TRAINJOBS, cache.trainjobs, namespaces, on_restart),
+        *_per_namespace(api, TRAINING_RUNTIMES, cache.training_runtimes, namespaces, on_restart),
+        *_per_namespace(api, CLUSTER_RUNTIMES, cache.cluster_runtimes, (), on_restart),
+    ]
+
+
+def scheduling_informers(
+    api: ApiClient,
+    cache: Cache,
+    namespaces: Sequence[str] = (),
+    on_restart: Callable[[str], None] | None = None,
+) -> list[Informer]:
+    """The reconciler's watches: Workloads and PodGroups (started once discovery serves them)."""
+    hint = {"not_served_hint": SCHEDULING_NOT_SERVED}
+    return [
+        *_per_namespace(api, WORKLOADS, cache.workloads, namespaces, on_restart, **hint),
+        *_per_namespace(api, POD_GROUPS, cache.pod_groups, namespaces, on_restart, **hint),
+    ]

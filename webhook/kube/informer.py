@@ -62,20 +62,26 @@ class Informer:
         resource: Resource,
         store: Store,
         *,
+        namespace: str | None = None,
         watch_timeout: int = 300,
         backoff: Backoff | None = None,
+        not_served_hint: str = NOT_SERVED,
+        on_restart: Callable[[], None] | None = None,
         sleep: Sleep = asyncio.sleep,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.api = CustomObjectsApi(api)
         self.resource = resource
         self.store = store
+        self.namespace = namespace  # None: all namespaces
+        self.not_served_hint = not_served_hint
         self.watch_timeout = watch_timeout
         self.backoff = backoff or Backoff()
         self.sleep = sleep
         self.clock = clock
         self.resource_version: str | None = None
-        self.restarts = 0  # watches that ended in an error (a metric in the metrics issue)
+        self.restarts = 0  # lists and watches that ended in an error
+        self.on_restart = on_restart
 
     async def run(self) -> None:
         while True:
@@ -95,7 +101,7 @@ class Informer:
                     log.info("watch expired, listing again", extra=self._fields())
                     self.resource_version = None
                     continue
-                hint = NOT_SERVED if err.status == 404 and step == "list" else ""
+                hint = self.not_served_hint if err.status == 404 and step == "list" else ""
                 await self._retry(step, f"HTTP {err.status}: {err.reason}{hint}")
             except asyncio.CancelledError:
                 raise
@@ -104,11 +110,16 @@ class Informer:
 
     async def _list(self) -> None:
         r = self.resource
-        listing: Any = await self.api.list_cluster_custom_object(r.group, r.version, r.plural)
+        if self.namespace:
+            listing: Any = await self.api.list_namespaced_custom_object(
+                r.group, r.version, self.namespace, r.plural
+            )
+        else:
+            listing = await self.api.list_cluster_custom_object(r.group, r.version, r.plural)
         if not isinstance(listing, dict):
             raise ValueError("the list is not a JSON object")
         items = listing.get("items") or []
-        self.store.replace([item for item in items if isinstance(item, dict)])
+        self.store.replace([item for item in items if isinstance(item, dict)], self.namespace)
         self.resource_version = _resource_version(listing) or ""
         self.backoff.reset()
         log.info("listed", extra=self._fields(objects=len(self.store)))
@@ -122,9 +133,16 @@ class Informer:
         how many events arrived.
         """
         r = self.resource
-        response: Any = await self.api.list_cluster_custom_object_without_preload_content(
+        scope: tuple[str, ...] = (self.namespace,) if self.namespace else ()
+        call: Any = (
+            self.api.list_namespaced_custom_object_without_preload_content
+            if self.namespace
+            else self.api.list_cluster_custom_object_without_preload_content
+        )
+        response: Any = await call(
             r.group,
             r.version,
+            *scope,
             r.plural,
             watch=True,
             allow_watch_bookmarks=True,
@@ -159,6 +177,8 @@ class Informer:
 
     async def _retry(self, step: str, error: str) -> None:
         self.restarts += 1
+        if self.on_restart:
+            self.on_restart()
         delay = self.backoff.next_delay()
         log.warning(
             f"{step} failed, retrying", extra=self._fields(error=error, retry_in=round(delay, 2))
@@ -166,7 +186,8 @@ class Informer:
         await self.sleep(delay)
 
     def _fields(self, **more: Any) -> dict[str, Any]:
-        return {"fields": {"resource": str(self.resource), **more}}
+        scope = {"namespace": self.namespace} if self.namespace else {}
+        return {"fields": {"resource": str(self.resource), **scope, **more}}
 
 
 def _event(line: bytes) -> dict[str, Any]:

@@ -1,0 +1,128 @@
+"""Kubernetes Events (`events.k8s.io/v1`) about TrainJobs, so `kubectl describe` tells the story.
+
+Events are best effort, as in client-go: `record` never waits for the API server; a bounded
+queue feeds one sender; the same event (object, reason, note) is posted once per `dedupe_for`
+seconds, so a TrainJob that keeps failing does not flood etcd.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from kubernetes.aio.client import ApiClient, EventsV1Api
+
+log = logging.getLogger("webhook.events")
+
+EventKind = Literal["Normal", "Warning"]
+MAX_NOTE = 1024  # the API server's limit on `note`
+
+
+class EventRecorder:
+    def __init__(
+        self,
+        api: ApiClient | None,
+        controller: str,
+        instance: str,
+        *,
+        queue_size: int = 1000,
+        dedupe_for: float = 600.0,
+        timeout: float = 5.0,
+        on_event: Callable[[str], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.events = EventsV1Api(api) if api is not None else None
+        self.controller = controller
+        self.instance = instance
+        self.dedupe_for = dedupe_for
+        self.timeout = timeout
+        self.on_event = on_event
+        self.clock = clock
+        self.dropped = 0
+        self._queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(queue_size)
+        self._recent: dict[tuple[str, str, str], float] = {}
+
+    def record(
+        self,
+        regarding: Mapping[str, Any],
+        kind: EventKind,
+        reason: str,
+        action: str,
+        note: str,
+    ) -> None:
+        """Queues an Event about `regarding` (a stored object's JSON)."""
+        meta = regarding.get("metadata") or {}
+        key = (str(meta.get("uid")), reason, note)
+        now = self.clock()
+        if now - self._recent.get(key, -self.dedupe_for) < self.dedupe_for:
+            return
+        self._recent[key] = now
+        if len(self._recent) > 10_000:  # bounded: forget the oldest half
+            for old in sorted(self._recent, key=self._recent.__getitem__)[:5_000]:
+                del self._recent[old]
+        log_fields = {"trainjob": f"{meta.get('namespace')}/{meta.get('name')}", "reason": reason}
+        log.log(
+            logging.WARNING if kind == "Warning" else logging.INFO,
+            note,
+            extra={"fields": log_fields},
+        )
+        if self.on_event:
+            self.on_event(reason)
+        try:
+            self._queue.put_nowait(self._event(regarding, kind, reason, action, note))
+        except asyncio.QueueFull:
+            self.dropped += 1
+
+    async def run(self) -> None:
+        """Posts queued events until cancelled; a failure is logged and the event dropped."""
+        while True:
+            event = await self._queue.get()
+            if self.events is None:
+                continue
+            body: Any = event  # the client serialises a plain dict as it is
+            try:
+                await asyncio.wait_for(
+                    self.events.create_namespaced_event(
+                        event["metadata"]["namespace"], body, _request_timeout=self.timeout
+                    ),
+                    self.timeout + 1,
+                )
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:
+                log.warning(
+                    "cannot post an event",
+                    extra={"fields": {"reason": event["reason"], "error": str(err)[:200]}},
+                )
+
+    def _event(
+        self, regarding: Mapping[str, Any], kind: EventKind, reason: str, action: str, note: str
+    ) -> dict[str, Any]:
+        meta = regarding.get("metadata") or {}
+        name = meta.get("name", "")
+        return {
+            "apiVersion": "events.k8s.io/v1",
+            "kind": "Event",
+            # As client-go names them: the object's name and a unique suffix.
+            "metadata": {"name": f"{name}.{secrets.token_hex(8)}", "namespace": meta["namespace"]},
+            "eventTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            "reportingController": self.controller,
+            "reportingInstance": self.instance,
+            "action": action,
+            "reason": reason,
+            "type": kind,
+            "note": note[:MAX_NOTE],
+            "regarding": {
+                "apiVersion": regarding.get("apiVersion"),
+                "kind": regarding.get("kind"),
+                "name": name,
+                "namespace": meta.get("namespace"),
+                "uid": meta.get("uid"),
+                "resourceVersion": meta.get("resourceVersion"),
+            },
+        }

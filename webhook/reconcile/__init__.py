@@ -1,0 +1,1 @@
+"""The reconciler: Workloads and PodGroups for every TrainJob, through their whole life."""

@@ -1,0 +1,431 @@
+"""Turns each TrainJob's plan into its Workload and PodGroups, and keeps them so (was-api.md 8).
+
+One pass over one TrainJob (`reconcile`) reads only the cache, decides, and writes through
+`ApiWriter`. Changes to TrainJobs and to the objects they control put the TrainJob's key on a
+work queue; workers take keys one at a time per key, so two passes over one TrainJob never race.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from kubernetes.aio.client.exceptions import ApiException
+
+from ..backends.native import NativeBackend, pod_group, workload
+from ..core.defaults import controller_ref, is_trainjob_ref
+from ..core.drift import Drift, controlled_by, pod_group_drift, workload_drift
+from ..core.fields import parse
+from ..core.lifecycle import wants_gang
+from ..core.plan import Plan, PlanningError, build_plan
+from ..core.snapshot import from_annotations, snapshot
+from ..core.trainer import TrainJob
+from ..kube.cache import Cache, EventType, Key, key_of
+from ..kube.events import EventRecorder
+from ..kube.writer import ApiWriter
+from .index import OwnerIndex
+from .queue import QueueMetrics, ShutDown, WorkQueue
+
+if TYPE_CHECKING:
+    from ..metrics.registry import Metrics
+
+log = logging.getLogger("webhook.reconciler")
+
+CONTROLLER = "trainjob-scheduling"
+MULTIKUEUE = "kueue.x-k8s.io/multikueue"  # the job runs on a worker cluster: no local pods
+JsonObject = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ReconcilerSettings:
+    workers: int = 4
+    resync_period: float = 600.0  # every TrainJob again, in case an event was missed
+    conflict_retry: float = 60.0  # a foreign object holds our name: look again this much later
+    wait_retry: float = 1.0  # an object is being deleted, or the cache has not caught up
+
+
+@dataclass(frozen=True)
+class Result:
+    requeue_after: float | None = None
+
+
+DONE = Result()
+
+
+class Reconciler:
+    def __init__(
+        self,
+        cache: Cache,
+        writer: ApiWriter,
+        events: EventRecorder,
+        settings: ReconcilerSettings = ReconcilerSettings(),
+        *,
+        metrics: Metrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.cache = cache
+        self.writer = writer
+        self.events = events
+        self.settings = settings
+        self.metrics = metrics
+        self.clock = clock
+        self.backend = NativeBackend()
+        self.queue: WorkQueue[Key] | None = None  # exists while leading
+        self.workloads = OwnerIndex(cache.workloads)
+        self.pod_groups = OwnerIndex(cache.pod_groups)
+        self._deleted: set[str] = set()  # uids deleted whose DELETED event has not come yet
+        self._waiting: dict[tuple[str, str, str], set[Key]] = {}  # runtime -> TrainJobs
+        cache.trainjobs.subscribe(self._trainjob_changed)
+        cache.workloads.subscribe(self._owned_changed)
+        cache.pod_groups.subscribe(self._owned_changed)
+        cache.cluster_runtimes.subscribe(self._runtime_changed)
+        cache.training_runtimes.subscribe(self._runtime_changed)
+
+    # --- running -------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Reconciles until cancelled (the leader runs this; losing the lease cancels it)."""
+        queue: WorkQueue[Key] = WorkQueue(metrics=self._queue_metrics(), clock=self.clock)
+        while not self._caches_synced():
+            await asyncio.sleep(0.1)
+        self.queue = queue
+        log.info("reconciling", extra={"fields": {"workers": self.settings.workers}})
+        self.resync()
+        tasks = [asyncio.create_task(self._worker(queue)) for _ in range(self.settings.workers)]
+        tasks.append(asyncio.create_task(self._resync_periodically()))
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            self.queue = None
+            queue.shut_down()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            log.info("stopped reconciling")
+
+    def resync(self) -> None:
+        """Every TrainJob in the cache onto the queue (at start, when gang scheduling becomes
+        available, and periodically)."""
+        if self.queue is not None:
+            for key, _ in self.cache.trainjobs.items():
+                self.queue.add(key)
+
+    def _caches_synced(self) -> bool:
+        scheduling = self.cache.gang_api != "served" or all(
+            s.synced for s in self.cache.scheduling_stores
+        )
+        return self.cache.synced and scheduling
+
+    async def _resync_periodically(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.resync_period)
+            self.resync()
+
+    async def _worker(self, queue: WorkQueue[Key]) -> None:
+        while True:
+            try:
+                key = await queue.get()
+            except ShutDown:
+                return
+            started = self.clock()
+            try:
+                result = await self.reconcile(key)
+            except asyncio.CancelledError:
+                queue.done(key)
+                raise
+            except Exception as err:  # API errors, timeouts, dropped connections: retry later
+                queue.done(key)
+                delay = queue.add_rate_limited(key)
+                self._count("error", started)
+                log.warning(
+                    "reconcile failed, retrying",
+                    extra={"fields": {"trainjob": "/".join(key), "error": _describe(err),
+                                      "retry_in": round(delay, 3)}},
+                )  # fmt: skip
+                continue
+            queue.done(key)
+            queue.forget(key)
+            if result.requeue_after is not None:
+                queue.add_after(key, result.requeue_after)
+                self._count("requeue_after", started)
+            else:
+                self._count("success", started)
+
+    # --- one pass ------------------------------------------------------------------------------
+
+    async def reconcile(self, key: Key) -> Result:
+        namespace, name = key
+        entry = self.cache.trainjobs.get(namespace, name)
+        if entry is None or self.cache.gang_api != "served":
+            return DONE  # deleted: garbage collection removes what it owned
+        raw = entry.raw
+        trainjob, _ = parse(TrainJob, raw)
+        if trainjob is None or not trainjob.metadata.uid:
+            log.warning("TrainJob does not parse", extra={"fields": {"trainjob": "/".join(key)}})
+            return DONE
+        runtime = from_annotations(trainjob.metadata.annotations)
+        wanted = wants_gang(trainjob) and trainjob.spec.managed_by != MULTIKUEUE
+        if runtime is None:
+            if not wanted and not self._owned(trainjob.metadata.uid):
+                return DONE  # finished before we ever saw it: nothing to make or remove
+            runtime_or_wait = await self._take_snapshot(key, raw, trainjob)
+            if isinstance(runtime_or_wait, Result):
+                return runtime_or_wait
+            runtime = runtime_or_wait
+        try:
+            plan = build_plan(trainjob, runtime)
+        except PlanningError as err:
+            note = f"cannot plan its gang: {err.errors[0]}"
+            self.events.record(raw, "Warning", "InvalidScheduling", "Reconcile", note)
+            return DONE
+        if plan is None or not wanted:
+            return await self._remove_all(raw, trainjob.metadata.uid, "")
+        return await self._converge(raw, plan)
+
+    async def _take_snapshot(self, key: Key, raw: JsonObject, trainjob: TrainJob) -> Any:
+        """Freezes the runtime into the TrainJob; a Result when there is nothing to do yet."""
+        kind, ref = trainjob.runtime_kind, trainjob.spec.runtime_ref.name or ""
+        checked = self.cache.runtime(kind, trainjob.namespace, ref)
+        if checked is None or checked.layout is None or not checked.verdict.allowed:
+            runtime_key = (kind, trainjob.namespace if kind == "TrainingRuntime" else "", ref)
+            self._waiting.setdefault(runtime_key, set()).add(key)  # a runtime change retries
+            if checked is None:
+                note = f'{kind} "{ref}" not found; waiting for it'
+                self.events.record(raw, "Warning", "RuntimeNotFound", "Reconcile", note)
+            elif checked.layout is not None:
+                note = f"{kind} {ref!r} is invalid: {checked.verdict.errors[0]}"
+                self.events.record(raw, "Warning", "InvalidRuntime", "Reconcile", note)
+            return DONE  # no spec.scheduling: not ours
+        assert trainjob.metadata.uid is not None
+        namespace, name = key
+        await self.writer.snapshot_runtime(
+            namespace, name, trainjob.metadata.uid, snapshot(checked.runtime)
+        )
+        log.info(
+            "runtime snapshot written",
+            extra={"fields": {"trainjob": "/".join(key), "runtime": f"{kind}/{ref}"}},
+        )
+        return checked.runtime
+
+    async def _converge(self, trainjob: JsonObject, plan: Plan) -> Result:
+        uid = plan.trainjob_uid
+        desired = workload(plan)
+        actual = self._stored("Workload", plan.namespace, plan.workload_name)
+        if actual is None:
+            actual = await self._create(trainjob, desired)
+            if actual is None:
+                return Result(self.settings.wait_retry)
+        else:
+            wait = self._check_ours(trainjob, "Workload", actual, uid)
+            if wait is not None:
+                return wait
+            drift = workload_drift(desired, actual)
+            outcome = await self._apply_drift(trainjob, "Workload", actual, drift)
+            if outcome is not None:
+                return outcome
+        parent_uid = _meta(actual).get("uid")
+        for group in plan.groups:
+            desired = pod_group(plan, group, parent_uid)
+            stored = self._stored("PodGroup", plan.namespace, group.pod_group_name)
+            if stored is None:
+                if await self._create(trainjob, desired) is None:
+                    return Result(self.settings.wait_retry)
+                continue
+            wait = self._check_ours(trainjob, "PodGroup", stored, uid)
+            if wait is not None:
+                return wait
+            outcome = await self._apply_drift(
+                trainjob, "PodGroup", stored, pod_group_drift(desired, stored)
+            )
+            if outcome is not None:
+                return outcome
+        wanted = {g.pod_group_name for g in plan.groups}
+        for stale in self.pod_groups.owned_by(uid):
+            if _meta(stale).get("name") not in wanted:
+                await self._delete(trainjob, "PodGroup", stale, "no longer in the plan")
+        for stale in self.workloads.owned_by(uid):
+            if _meta(stale).get("name") != plan.workload_name:
+                await self._delete(trainjob, "Workload", stale, "no longer in the plan")
+        return DONE
+
+    def _check_ours(
+        self, trainjob: JsonObject, kind: str, stored: JsonObject, uid: str | None
+    ) -> Result | None:
+        """None when `stored` is ours and settled; else when to look again."""
+        meta = _meta(stored)
+        owner = controller_ref(stored)
+        if (
+            owner is not None
+            and is_trainjob_ref(owner)
+            and owner.get("name") == _meta(trainjob).get("name")
+            and owner.get("uid") != uid
+        ):
+            # Left by an earlier TrainJob of the same name: the garbage collector removes it.
+            return Result(self.settings.wait_retry)
+        if not controlled_by(stored, uid):
+            note = (
+                f"{kind} {meta.get('name')!r} exists and is not controlled by this TrainJob; "
+                "leaving it alone (delete it to let this TrainJob have its gang)"
+            )
+            self.events.record(trainjob, "Warning", "Conflict", "Reconcile", note)
+            return Result(self.settings.conflict_retry)
+        if meta.get("deletionTimestamp") or meta.get("uid") in self._deleted:
+            return Result(self.settings.wait_retry)  # going away: recreate after it has gone
+        return None
+
+    async def _apply_drift(
+        self, trainjob: JsonObject, kind: str, stored: JsonObject, drift: Drift
+    ) -> Result | None:
+        meta = _meta(stored)
+        if drift.dropped:
+            note = (
+                f"the API server dropped {', '.join(drift.dropped)} from {kind} "
+                f"{meta.get('name')!r}: enable the feature gate; not recreating it"
+            )
+            self.events.record(trainjob, "Warning", "FeatureGateOff", "Reconcile", note)
+        if drift.kind == "min-count":
+            try:
+                await self.writer.json_patch(
+                    kind, meta["namespace"], meta["name"], list(drift.patch)
+                )
+            except ApiException as err:
+                if err.status in (404, 409, 422):  # changed or gone meanwhile: look again
+                    return Result(self.settings.wait_retry)
+                raise
+            note = f"{kind} {meta['name']!r}: gang.minCount updated in place"
+            self.events.record(trainjob, "Normal", "Updated", "Update", note)
+        elif drift.kind == "recreate":
+            uid = controlled_uid(trainjob)
+            return await self._remove_all(trainjob, uid, f"{kind} drifted: {drift.reason}")
+        return None
+
+    async def _remove_all(self, trainjob: JsonObject, uid: str | None, why: str) -> Result:
+        """PodGroups first, then the Workload (rule 8(e)); only objects this TrainJob controls."""
+        removed = False
+        for kind, index in (("PodGroup", self.pod_groups), ("Workload", self.workloads)):
+            for obj in index.owned_by(uid):
+                if _meta(obj).get("uid") not in self._deleted:
+                    await self._delete(trainjob, kind, obj, why or _removal_reason(trainjob))
+                    removed = True
+        return Result(self.settings.wait_retry) if removed and why else DONE
+
+    async def _create(self, trainjob: JsonObject, obj: JsonObject) -> JsonObject | None:
+        """Creates `obj`; None when its name is taken (the cache will tell by whom)."""
+        try:
+            created: JsonObject = await self.writer.create(obj)
+        except ApiException as err:
+            if err.status == 409:  # AlreadyExists: the cache has not seen it yet, or a foreign one
+                return None
+            raise
+        meta = obj["metadata"]
+        note = f"created {obj['kind']} {meta['name']!r}"
+        self.events.record(trainjob, "Normal", "Created", "Create", note)
+        return created
+
+    async def _delete(self, trainjob: JsonObject, kind: str, obj: JsonObject, why: str) -> None:
+        meta = _meta(obj)
+        uid = meta.get("uid")
+        try:
+            await self.writer.delete(kind, meta["namespace"], meta["name"], uid)
+        except ApiException as err:
+            if err.status not in (404, 409):  # gone already, or replaced by a newer object
+                raise
+        if isinstance(uid, str):
+            self._deleted.add(uid)
+        note = f"deleted {kind} {meta['name']!r}: {why}"
+        self.events.record(trainjob, "Normal", "Deleted", "Delete", note)
+
+    def _stored(self, kind: str, namespace: str, name: str) -> JsonObject | None:
+        store = self.cache.workloads if kind == "Workload" else self.cache.pod_groups
+        entry = store.get(namespace, name)
+        return entry.raw if entry is not None else None
+
+    def _owned(self, uid: str) -> bool:
+        return bool(self.workloads.owned_by(uid) or self.pod_groups.owned_by(uid))
+
+    # --- what puts keys on the queue -----------------------------------------------------------
+
+    def _trainjob_changed(
+        self, event: EventType, old: JsonObject | None, new: JsonObject | None
+    ) -> None:
+        key = key_of(new or old or {})
+        if key is not None and self.queue is not None:
+            self.queue.add(key)
+
+    def _owned_changed(
+        self, event: EventType, old: JsonObject | None, new: JsonObject | None
+    ) -> None:
+        if event == "DELETED" and old is not None:
+            self._deleted.discard(_meta(old).get("uid", ""))
+        obj = new or old or {}
+        owner = controller_ref(obj)
+        if owner is None or not is_trainjob_ref(owner) or self.queue is None:
+            return
+        namespace, name = _meta(obj).get("namespace"), owner.get("name")
+        if isinstance(namespace, str) and isinstance(name, str):
+            self.queue.add((namespace, name))
+
+    def _runtime_changed(
+        self, event: EventType, old: JsonObject | None, new: JsonObject | None
+    ) -> None:
+        obj = new or old or {}
+        meta = _meta(obj)
+        runtime_key = (obj.get("kind", ""), meta.get("namespace") or "", meta.get("name", ""))
+        for key in self._waiting.pop(runtime_key, ()):
+            if self.queue is not None:
+                self.queue.add(key)
+
+    # --- metrics -------------------------------------------------------------------------------
+
+    def _queue_metrics(self) -> QueueMetrics | None:
+        m = self.metrics
+        if m is None:
+            return None
+        labels = {"name": CONTROLLER, "controller": CONTROLLER}
+        return QueueMetrics(
+            depth=m.workqueue_depth.labels(**labels),
+            adds=m.workqueue_adds.labels(**labels),
+            queue_duration=m.workqueue_queue_duration.labels(**labels),
+            work_duration=m.workqueue_work_duration.labels(**labels),
+            unfinished_work=m.workqueue_unfinished_work.labels(**labels),
+            longest_running=m.workqueue_longest_running.labels(**labels),
+            retries=m.workqueue_retries.labels(**labels),
+        )
+
+    def _count(self, result: str, started: float) -> None:
+        m = self.metrics
+        if m is None:
+            return
+        m.reconcile_total.labels(controller=CONTROLLER, result=result).inc()
+        m.reconcile_time.labels(controller=CONTROLLER).observe(self.clock() - started)
+        if result == "error":
+            m.reconcile_errors.labels(controller=CONTROLLER).inc()
+
+
+def controlled_uid(trainjob: JsonObject) -> str | None:
+    uid = _meta(trainjob).get("uid")
+    return uid if isinstance(uid, str) else None
+
+
+def _removal_reason(trainjob: JsonObject) -> str:
+    spec = trainjob.get("spec") or {}
+    if spec.get("suspend") is True:
+        return "the TrainJob is suspended"
+    if spec.get("managedBy") == MULTIKUEUE:
+        return "the TrainJob runs on a MultiKueue worker cluster"
+    return "the TrainJob has finished"
+
+
+def _meta(obj: JsonObject) -> JsonObject:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, dict) else {}
+
+
+def _describe(err: BaseException) -> str:
+    if isinstance(err, ApiException):
+        return f"HTTP {err.status}: {err.reason}"
+    return f"{type(err).__name__}: {err}"[:300]
