@@ -7,7 +7,7 @@ SAMPLES := webhook/samples
 CERT_DIR ?= certs
 SERVE_ARGS ?=
 
-.PHONY: setup test lint format typecheck unit run certs plan bench clean
+.PHONY: setup test lint format typecheck unit run certs plan bench prometheus clean
 
 setup: $(VENV)/.installed
 
@@ -55,6 +55,15 @@ plan: setup
 bench: setup
 	$(PY) -m tests.bench.plan_bench
 	$(PY) -m tests.bench.admission_bench
+
+## prometheus: Debian's Prometheus, which tests/test_prometheus.py runs (skipped without it,
+## unless REQUIRE_PROMETHEUS=1); installed with apt-get when missing
+prometheus:
+	@command -v prometheus >/dev/null || { \
+		SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+		$$SUDO apt-get update -qq && \
+		$$SUDO apt-get install -y -qq --no-install-recommends prometheus; }
+	@prometheus --version | head -1
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis *.egg-info

@@ -25,6 +25,8 @@ from starlette.routing import Route
 from ..admission.review import BadReview, Decision, Review, encode, errored, parse
 from ..admission.routes import WEBHOOKS, Webhook
 from ..kube.cache import Cache
+from ..metrics.registry import Metrics
+from ..metrics.webhooks import WebhookMeter
 from .logs import FIELDS
 from .reviewlog import ReviewLog
 
@@ -90,15 +92,36 @@ class AdmissionEndpoint:
     cache: Cache
     limits: Limits = field(default_factory=Limits)
     review_log: ReviewLog = field(default_factory=ReviewLog)
+    metrics: Metrics | None = None
+    meter: WebhookMeter | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        if self.metrics is not None:
+            self.meter = WebhookMeter(self.metrics, self.webhook.path)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        meter = self.meter
+        if meter is None:
+            await self._answer(scope, receive, send, time.perf_counter())
+            return
         start = time.perf_counter()
+        meter.in_flight.inc()
+        status = 500  # if the answer fails on the way out
+        try:
+            status = await self._answer(scope, receive, send, start)
+        finally:
+            meter.in_flight.dec()
+            meter.latency.observe(time.perf_counter() - start)
+            meter.code(status).inc()
+
+    async def _answer(self, scope: Scope, receive: Receive, send: Send, start: float) -> int:
+        """Reads, judges and answers one review; returns the HTTP status sent."""
         try:
             body = await _read_body(receive, scope, self.limits)
         except _BodyError as err:
             self._log_rejected(err.status, str(err), start)
             await _send(send, err.status, orjson.dumps({"error": str(err)}))
-            return
+            return err.status
         review: Review | None = None
         try:
             review = parse(body)
@@ -108,19 +131,22 @@ class AdmissionEndpoint:
             if err.uid is None:  # nothing to answer a review with: a plain 400
                 self._log_rejected(400, str(err), start)
                 await _send(send, 400, orjson.dumps({"error": str(err)}))
-                return
+                return 400
             decision, uid = errored(400, str(err)), err.uid
         except Exception:  # a bug of ours must not become a traceback to the API server
             uid = review.uid if review is not None else ""
             log.exception("handler failed", extra={FIELDS: {"uid": uid}})
             if review is None:
                 await _send(send, 500, orjson.dumps({"error": "internal error"}))
-                return
+                return 500
             decision = errored(500, f"internal error in {self.webhook.path}; see the service log")
         out, patch_bytes = encode(uid, decision)
         # Logged before the answer goes out, so no answered review is missing from the log.
         self._log_review(review, uid, decision, patch_bytes, start)
+        if self.meter is not None:
+            self.meter.decided(review.operation if review is not None else "", decision)
         await _send(send, 200, out)
+        return 200
 
     def _log_review(
         self, review: Review | None, uid: str, decision: Decision, patch_bytes: int, start: float
@@ -180,10 +206,15 @@ class AdmissionApp:
 
 
 def admission_app(
-    cache: Cache, limits: Limits | None = None, review_log: ReviewLog | None = None
+    cache: Cache,
+    limits: Limits | None = None,
+    review_log: ReviewLog | None = None,
+    metrics: Metrics | None = None,
 ) -> AdmissionApp:
+    """The webhook port's app; with `metrics`, each webhook path counts its requests, answers
+    and decisions (the other paths, whatever a client sends, are not counted)."""
     limits, review_log = limits or Limits(), review_log or ReviewLog()
-    endpoints = {w.path: AdmissionEndpoint(w, cache, limits, review_log) for w in WEBHOOKS}
+    endpoints = {w.path: AdmissionEndpoint(w, cache, limits, review_log, metrics) for w in WEBHOOKS}
     # No slash redirects: the API server would not follow one, so a wrong path is a plain 404.
     app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None, redirect_slashes=False)
     for path, endpoint in endpoints.items():  # reached only by other methods: they get 405

@@ -13,8 +13,12 @@ import logging
 import ssl
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .certs import expiry
+
+if TYPE_CHECKING:
+    from ..metrics.registry import Metrics
 
 log = logging.getLogger("webhook.tls")
 
@@ -27,9 +31,10 @@ def server_context() -> ssl.SSLContext:
 
 
 class ReloadingContext:
-    def __init__(self, cert_file: Path, key_file: Path) -> None:
+    def __init__(self, cert_file: Path, key_file: Path, metrics: Metrics | None = None) -> None:
         self.cert_file = cert_file
         self.key_file = key_file
+        self.metrics = metrics  # counts reads as controller-runtime's certwatcher does
         self.context = server_context()  # the one uvicorn holds
         self.context.sni_callback = self._choose
         self.current: ssl.SSLContext | None = None
@@ -47,6 +52,8 @@ class ReloadingContext:
         The files are read, loaded, and read again: a pair that changed in between (a rotation
         caught midway) is not taken, so the digest always describes what is served.
         """
+        if self.metrics is not None:
+            self.metrics.cert_reads.inc()
         try:
             cert, digest = self._read()
         except OSError as err:
@@ -68,6 +75,8 @@ class ReloadingContext:
             return False
         self.current, self.expires_at, self._digest = fresh, expires, digest
         self._last_problem = ""
+        if self.metrics is not None:
+            self.metrics.cert_expiry.set(expires.timestamp())
         log.info(
             "certificate loaded",
             extra={"fields": {"cert": str(self.cert_file), "expires": expires.isoformat()}},
@@ -75,6 +84,8 @@ class ReloadingContext:
         return True
 
     def _problem(self, message: str, error: str) -> None:
+        if self.metrics is not None:
+            self.metrics.cert_read_errors.inc()
         if error != self._last_problem:
             self._last_problem = error
             log.warning(message, extra={"fields": {"cert": str(self.cert_file), "error": error}})

@@ -1,0 +1,1 @@
+"""Prometheus metrics: the registry, the gang signals, and the secured /metrics endpoint."""

@@ -1,0 +1,180 @@
+"""Every metric the service exports, in one registry per service.
+
+Names follow controller-runtime and client-go (so existing dashboards and alerts work); the
+service's own signals are prefixed `trainjob_scheduling_`. No label ever carries an object's name:
+label values come from small fixed sets (webhook paths, controller names, reasons).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+)
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
+
+# Reviews take well under a millisecond to a few; the API server gives up after 30 s at most.
+WEBHOOK_BUCKETS = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+)  # fmt: skip
+# controller-runtime's reconcile buckets, trimmed: from 5 ms to a minute.
+RECONCILE_BUCKETS = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0, 60.0,
+)  # fmt: skip
+# client-go's workqueue buckets: 10 ns to 1000 s, by powers of ten.
+WORKQUEUE_BUCKETS = tuple(10.0**exponent for exponent in range(-8, 4))
+
+DECISIONS = ("allowed", "patched", "denied", "errored")
+RECONCILE_RESULTS = ("success", "error", "requeue", "requeue_after")
+
+
+class Metrics:
+    """The service's metrics; each instance has its own registry, so several services in one
+    process (the tests) never share a series."""
+
+    def __init__(self) -> None:
+        # `_created` series are not what Kubernetes dashboards expect, and double every counter.
+        disable_created_metrics()  # type: ignore[no-untyped-call]
+        self.registry = r = CollectorRegistry()
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        GCCollector(registry=r)  # registers itself only where the interpreter has gc stats
+
+        # --- webhooks: `webhook` is the URL path --------------------------------------------
+        self.webhook_requests = Counter(
+            "controller_runtime_webhook_requests",
+            "Admission requests by webhook path and HTTP status code.",
+            ["webhook", "code"],
+            registry=r,
+        )
+        self.webhook_latency = Histogram(
+            "controller_runtime_webhook_latency_seconds",
+            "Time to answer an admission request, by webhook path.",
+            ["webhook"],
+            buckets=WEBHOOK_BUCKETS,
+            registry=r,
+        )
+        self.webhook_in_flight = Gauge(
+            "controller_runtime_webhook_requests_in_flight",
+            "Admission requests being answered now, by webhook path.",
+            ["webhook"],
+            registry=r,
+        )
+        self.admission_decisions = Counter(
+            "trainjob_scheduling_admission_reviews",
+            "Answered AdmissionReviews by webhook path, operation and decision "
+            "(allowed, patched, denied, errored).",
+            ["webhook", "operation", "decision"],
+            registry=r,
+        )
+
+        # --- reconciler ---------------------------------------------------------------------
+        self.reconcile_total = Counter(
+            "controller_runtime_reconcile",
+            "Reconciliations by controller and result (success, error, requeue, requeue_after).",
+            ["controller", "result"],
+            registry=r,
+        )
+        self.reconcile_errors = Counter(
+            "controller_runtime_reconcile_errors",
+            "Reconciliations that ended in an error, by controller.",
+            ["controller"],
+            registry=r,
+        )
+        self.reconcile_time = Histogram(
+            "controller_runtime_reconcile_time_seconds",
+            "Time per reconciliation, by controller.",
+            ["controller"],
+            buckets=RECONCILE_BUCKETS,
+            registry=r,
+        )
+
+        # --- work queue (client-go names) ---------------------------------------------------
+        queue = ["name", "controller"]
+        self.workqueue_depth = Gauge(
+            "workqueue_depth", "Items waiting in the work queue.", queue, registry=r
+        )
+        self.workqueue_adds = Counter(
+            "workqueue_adds", "Items added to the work queue.", queue, registry=r
+        )
+        self.workqueue_queue_duration = Histogram(
+            "workqueue_queue_duration_seconds",
+            "Time an item waits in the work queue before it is processed.",
+            queue,
+            buckets=WORKQUEUE_BUCKETS,
+            registry=r,
+        )
+        self.workqueue_work_duration = Histogram(
+            "workqueue_work_duration_seconds",
+            "Time processing an item from the work queue takes.",
+            queue,
+            buckets=WORKQUEUE_BUCKETS,
+            registry=r,
+        )
+        self.workqueue_unfinished_work = Gauge(
+            "workqueue_unfinished_work_seconds",
+            "Seconds of work in progress not yet finished (large values mean stuck workers).",
+            queue,
+            registry=r,
+        )
+        self.workqueue_longest_running = Gauge(
+            "workqueue_longest_running_processor_seconds",
+            "Seconds the longest-running worker has been processing its item.",
+            queue,
+            registry=r,
+        )
+        self.workqueue_retries = Counter(
+            "workqueue_retries", "Items put back on the work queue to retry.", queue, registry=r
+        )
+
+        # --- watches, certificates, leadership, the gang API --------------------------------
+        self.watch_restarts = Counter(
+            "trainjob_scheduling_watch_restarts",
+            "Watches restarted after an error or an expired resourceVersion, by resource.",
+            ["resource"],
+            registry=r,
+        )
+        self.cert_reads = Counter(
+            "certwatcher_read_certificate",
+            "Reads of the serving certificate files.",
+            registry=r,
+        )
+        self.cert_read_errors = Counter(
+            "certwatcher_read_certificate_errors",
+            "Reads of the serving certificate files that failed (unreadable or not a valid pair).",
+            registry=r,
+        )
+        self.cert_expiry = Gauge(
+            "trainjob_scheduling_certificate_expiry_timestamp_seconds",
+            "Unix time at which the certificate being served expires.",
+            registry=r,
+        )
+        self.leader = Gauge(
+            "leader_election_master_status",
+            "1 while this replica holds the leader lease, else 0.",
+            ["name"],
+            registry=r,
+        )
+        self.gang_api_available = Gauge(
+            "trainjob_scheduling_gang_api_available",
+            "1 when discovery shows scheduling.k8s.io/v1beta1 serving workloads and podgroups.",
+            registry=r,
+        )
+        self.events = Counter(
+            "trainjob_scheduling_events",
+            "Kubernetes Events the service posted, by reason.",
+            ["reason"],
+            registry=r,
+        )
+
+    def render(self, accept: str | None = None) -> tuple[bytes, str]:
+        """The exposition (body, content type): Prometheus text, or OpenMetrics when the
+        scraper's Accept header asks for it."""
+        encoder, content_type = choose_encoder(accept or "")
+        return encoder(self.registry), content_type
