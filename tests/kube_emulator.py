@@ -1,22 +1,49 @@
-"""A Kubernetes API server for the cache's tests: kmock's emulator, plus what informers rely on.
+"""A Kubernetes API server for the tests: kmock's emulator, made honest about what the real one
+does on reads and writes.
 
-kmock's `KubernetesEmulator` keeps objects in memory and serves list, watch, create, merge-patch
-and delete over real HTTP, but its lists say `resourceVersion: "..."`, its objects have none,
-and a watch ignores `resourceVersion` and `timeoutSeconds` (it replays every object as ADDED,
-then follows live events forever). `VersionedEmulator` adds the API server's contract that
-list+watch depends on:
+kmock's `KubernetesEmulator` keeps objects in memory and serves list, watch, get, create, patch
+and delete over real HTTP, simplistically: its lists say `resourceVersion: "..."`, its objects
+have none, a watch ignores `resourceVersion` and `timeoutSeconds`, every patch is a merge, PUT is
+not served, and no write ever conflicts. `VersionedEmulator` keeps kmock's storage (`k.objects`),
+discovery and reactions, and adds the API server's contract.
 
-* every create, update and delete gets the next resourceVersion, stamped on the stored object
-  and on its watch event; a list carries the version it is a snapshot of;
+Reads:
+
+* every write gets the next resourceVersion, stamped on the stored object and on its watch
+  event; a list carries the version it is a snapshot of;
 * a watch from a resourceVersion replays the events after it (nothing missed, nothing twice);
   one from a version older than the last `compact()` gets an ERROR event with code 410
   (`Expired`), as from the API server's watch cache; a watch without one starts with ADDED
   events for the objects that exist, then follows;
-* `timeoutSeconds` ends a watch (a clean end of the stream);
-* `drop_watches()` cuts the connections of the open watches, mid-stream.
+* `timeoutSeconds` ends a watch (a clean end of the stream); `drop_watches()` cuts the
+  connections of the open watches, mid-stream.
+
+Writes (refusals carry the API server's `Status`: code, reason, message, details):
+
+* create stamps `uid`, `creationTimestamp` and `generation: 1` and sets the URL's namespace;
+  a live name is 409 `AlreadyExists`; a body with a resourceVersion is 400;
+* PUT replaces the whole object; 404 if it is missing;
+* PATCH by Content-Type: `merge-patch+json` (RFC 7386), `json-patch+json` (RFC 6902; a failed
+  `test` or a bad path is 422 `Invalid`), `strategic-merge-patch+json` treated as a merge patch
+  (no patch strategies: a list in the patch replaces the stored list); anything else is 415;
+* after a PUT or PATCH, a `resourceVersion` or `uid` that differs from the stored one is 409
+  `Conflict` (optimistic concurrency; a uid is a precondition); no write changes the uid, the
+  creationTimestamp, the name or the namespace; `generation` grows when anything but metadata
+  and status changes; a write that changes nothing stores nothing (no version, no event);
+* delete honours DeleteOptions `preconditions` (uid, resourceVersion: 409 on a mismatch); an
+  object with finalizers only gets a deletionTimestamp, and goes once a write removes the last;
+* once an object is gone, its dependents (an ownerReference with its uid) go too, recursively,
+  as the garbage collector does with background propagation; a dependent with another live
+  owner only loses the dangling reference. `garbage_collection = False` turns this off.
 
 Failures for one request are kmock reactions, e.g. `next_requests(k[WATCH, TRAINJOBS], 2) <<
-status(500)`: they answer before the emulator's own (fallback) handlers.
+status(500)`: they answer before the emulator's own (fallback) handlers, and, unlike in kmock's
+emulator, a write that a reaction answers is not applied (as by an API server that failed it).
+kmock names a PATCH `action.UPDATE` but gives a PUT no action: select PUTs by `kmock.method.PUT`.
+
+Not emulated: status subresources (a write to `.../status` is a write to the whole object, and
+writes to the object change its status too), label and field selectors, dry runs, server-side
+apply, and propagation policies other than background.
 """
 
 from __future__ import annotations
@@ -25,39 +52,189 @@ import asyncio
 import bisect
 import contextlib
 import copy
-from collections.abc import AsyncIterator
+import datetime
+import json
+import random
+import string
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp.web
 import attrs
+import jsonpatch
+import jsonpointer
 import kmock
 import yaml
 from kmock import KubernetesEmulator, Server
-from kmock._internal.aiobus import Bus  # not exported by kmock 0.8, though the emulator uses it
-from kmock._internal.rendering import Response  # ditto: a status with a body, for reactions
+from kmock._internal.rendering import Response  # not exported by kmock 0.8: a status and a body
+from kubernetes.aio.client import ApiClient, Configuration
 
 TRAINER = "trainer.kubeflow.org"
 VERSION = "v1alpha1"
 TRAINJOBS = kmock.resource(TRAINER, VERSION, "trainjobs")
 TRAINING_RUNTIMES = kmock.resource(TRAINER, VERSION, "trainingruntimes")
 CLUSTER_RUNTIMES = kmock.resource(TRAINER, VERSION, "clustertrainingruntimes")
+WORKLOADS = kmock.resource("scheduling.k8s.io", "v1beta1", "workloads")
+POD_GROUPS = kmock.resource("scheduling.k8s.io", "v1beta1", "podgroups")
+LEASES = kmock.resource("coordination.k8s.io", "v1", "leases")
+EVENTS = kmock.resource("events.k8s.io", "v1", "events")
 
 LIST = kmock.action.LIST
 WATCH = kmock.action.WATCH
 
-_KINDS = {
+MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
+OPTIMISTIC_LOCK = (
+    "the object has been modified; please apply your changes to the latest version and try again"
+)
+
+Json = dict[str, Any]
+Key = tuple[kmock.resource, str | None, str]  # kmock's object key: resource, namespace, name
+
+ALL_VERBS = {"create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"}
+_TRAINER_KINDS = {
     TRAINJOBS: ("TrainJob", True),
     TRAINING_RUNTIMES: ("TrainingRuntime", True),
     CLUSTER_RUNTIMES: ("ClusterTrainingRuntime", False),
 }
+_SCHEDULING_KINDS = {WORKLOADS: ("Workload", True), POD_GROUPS: ("PodGroup", True)}
+_SERVICE_KINDS = {LEASES: ("Lease", True), EVENTS: ("Event", True)}  # what the service writes
+
+
+def _declare(emulator: KubernetesEmulator, kinds: dict[kmock.resource, tuple[str, bool]]) -> None:
+    for resource, (kind, namespaced) in kinds.items():
+        emulator.resources[resource] = kmock.ResourceInfo(
+            kind=kind, namespaced=namespaced, verbs=ALL_VERBS
+        )
 
 
 def declare_trainer_resources(emulator: KubernetesEmulator) -> None:
     """kmock answers 404 for a resource it does not know: declare Kubeflow Trainer's three."""
-    for resource, (kind, namespaced) in _KINDS.items():
-        emulator.resources[resource] = kmock.ResourceInfo(
-            kind=kind, namespaced=namespaced, verbs={"list", "watch", "get", "create", "patch"}
-        )
+    _declare(emulator, _TRAINER_KINDS)
+
+
+def declare_scheduling_resources(emulator: KubernetesEmulator) -> None:
+    """scheduling.k8s.io/v1beta1 Workloads and PodGroups (discovery lists them once declared)."""
+    _declare(emulator, _SCHEDULING_KINDS)
+
+
+def declare_service_resources(emulator: KubernetesEmulator) -> None:
+    """coordination.k8s.io/v1 Leases and events.k8s.io/v1 Events."""
+    _declare(emulator, _SERVICE_KINDS)
+
+
+# --- refusals, as the API server words them ----------------------------------------------------
+
+
+@attrs.frozen
+class ApiError(kmock.KubernetesError):
+    """A refusal, answered with the API server's Status body (kmock's add a traceback)."""
+
+
+def _qualified(resource: kmock.resource) -> str:
+    return f"{resource.plural}.{resource.group}" if resource.group else f"{resource.plural}"
+
+
+def _details(resource: kmock.resource, name: str) -> Json:
+    return {"name": name, "group": resource.group, "kind": resource.plural}
+
+
+def not_found(resource: kmock.resource, name: str) -> ApiError:
+    message = f'{_qualified(resource)} "{name}" not found'
+    return ApiError(404, "NotFound", message, _details(resource, name))
+
+
+def already_exists(resource: kmock.resource, name: str) -> ApiError:
+    message = f'{_qualified(resource)} "{name}" already exists'
+    return ApiError(409, "AlreadyExists", message, _details(resource, name))
+
+
+def conflict(resource: kmock.resource, name: str, why: str = OPTIMISTIC_LOCK) -> ApiError:
+    message = f'Operation cannot be fulfilled on {_qualified(resource)} "{name}": {why}'
+    return ApiError(409, "Conflict", message, _details(resource, name))
+
+
+def invalid(resource: kmock.resource, name: str, why: str) -> ApiError:
+    return ApiError(422, "Invalid", why, _details(resource, name))
+
+
+def bad_request(message: str) -> ApiError:
+    return ApiError(400, "BadRequest", message)
+
+
+def unknown_resource() -> ApiError:
+    return ApiError(404, "NotFound", "the server could not find the requested resource")
+
+
+def unsupported_patch() -> ApiError:
+    accepted = f"{JSON_PATCH}, {MERGE_PATCH}, {STRATEGIC_MERGE_PATCH}"
+    message = "the body of the request was in an unknown format - accepted media types include: "
+    return ApiError(415, "UnsupportedMediaType", message + accepted)
+
+
+# --- what a write does to an object ------------------------------------------------------------
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386: objects merge key by key, null deletes a key, anything else replaces."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    merged = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            merged.pop(key, None)
+        else:
+            merged[key] = merge_patch(merged.get(key), value)
+    return merged
+
+
+def _now() -> str:
+    """A metav1.Time: RFC 3339, UTC, whole seconds."""
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _meta(obj: Json) -> Json:
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict):
+        meta = obj["metadata"] = {}
+    return meta
+
+
+def _content(obj: Json) -> Json:
+    """What `generation` counts changes of: everything but metadata and status."""
+    return {key: value for key, value in obj.items() if key not in ("metadata", "status")}
+
+
+def _owned_by(obj: Json, uid: str) -> bool:
+    refs = _meta(obj).get("ownerReferences") or []
+    return any(isinstance(ref, dict) and ref.get("uid") == uid for ref in refs)
+
+
+def _json_body(request: kmock.Request) -> Any:
+    if not request.body:
+        return None
+    try:
+        return json.loads(request.body)
+    except ValueError as err:
+        raise bad_request(f"the body is not JSON: {err}") from None
+
+
+def _json_object(request: kmock.Request) -> Json:
+    body = _json_body(request)
+    if not isinstance(body, dict):
+        raise bad_request("the body is not a JSON object")
+    return body
+
+
+def _media_type(request: kmock.Request) -> str:
+    for header, value in request.headers.items():
+        if header.lower() == "content-type":
+            return value.split(";")[0].strip().lower()
+    return ""
 
 
 @dataclass(frozen=True)
@@ -65,38 +242,15 @@ class _Event:
     rv: int
     resource: kmock.resource
     namespace: str | None
-    event: dict[str, Any]
-
-
-class _JournalBus(Bus[Any]):
-    """The per-resource bus the base emulator announces changes on; stamps and journals them."""
-
-    def __init__(self, emulator: VersionedEmulator, resource: kmock.resource) -> None:
-        super().__init__()
-        self.emulator = emulator
-        self.resource = resource
-
-    async def put(self, *items: Any) -> None:
-        for item in items:
-            self.emulator._record(self.resource, item)
-        async with self.emulator._changed:
-            self.emulator._changed.notify_all()
-        await super().put(*items)
-
-
-class _JournalBuses(dict[kmock.resource, Bus[Any]]):
-    def __init__(self, emulator: VersionedEmulator) -> None:
-        super().__init__()
-        self.emulator = emulator
-
-    def __missing__(self, resource: kmock.resource) -> Bus[Any]:
-        bus = self[resource] = _JournalBus(self.emulator, resource)
-        return bus
+    event: Json
 
 
 @attrs.define(kw_only=True)
 class VersionedEmulator(KubernetesEmulator):
-    """kmock's emulator with resourceVersions, resumable watches, 410 Gone and watch timeouts."""
+    """kmock's emulator with resourceVersions, resumable watches, 410 Gone, watch timeouts and
+    the API server's rules for writes (see the module's docstring)."""
+
+    garbage_collection: bool = True  # delete the dependents of what is deleted, by ownerReferences
 
     _rv: int = attrs.field(default=0, init=False)
     _compacted: int = attrs.field(default=0, init=False)
@@ -105,8 +259,8 @@ class VersionedEmulator(KubernetesEmulator):
     _open_watches: set[kmock.Request] = attrs.field(factory=set, init=False)
 
     def __attrs_post_init__(self) -> None:
-        super().__attrs_post_init__()
-        self._buses = _JournalBuses(self)
+        super().__attrs_post_init__()  # kmock's fallbacks call the _serve_* methods below
+        self.fallback[kmock.method.PUT] << self._serve_replace
 
     @property
     def resource_version(self) -> int:
@@ -131,18 +285,41 @@ class VersionedEmulator(KubernetesEmulator):
                 dropped += 1
         return dropped
 
-    def _record(self, resource: kmock.resource, event: dict[str, Any]) -> None:
-        # Called by the base emulator under its lock, once per change, in order.
-        self._rv += 1
-        obj = event.get("object")
-        if isinstance(obj, dict):
-            obj.setdefault("metadata", {})["resourceVersion"] = str(self._rv)
-            namespace = obj["metadata"].get("namespace")
-        else:
-            namespace = None
-        self._journal.append(_Event(self._rv, resource, namespace, copy.deepcopy(event)))
+    async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        # kmock's emulator applies a write here, before any reaction answers it; ours happen in
+        # the fallbacks, so a reaction that answers a write (an injected 500) leaves no trace.
+        return await kmock.RawHandler._handle(self, request)
 
-    def _current(self, request: kmock.Request) -> list[dict[str, Any]]:
+    async def _render_error(self, exc: Exception) -> aiohttp.web.StreamResponse:
+        if isinstance(exc, ApiError):
+            body = status_object(exc.status, exc.reason or "", exc.message or "", exc.details)
+            return aiohttp.web.json_response(body, status=exc.status)
+        return await super()._render_error(exc)
+
+    # --- reads ---
+
+    def _known(self, request: kmock.Request) -> bool:
+        return any(resource == request.resource for resource in self._get_resources())
+
+    def _resource(self, request: kmock.Request) -> kmock.resource:
+        if request.resource is None or not self._known(request):
+            raise unknown_resource()
+        return request.resource
+
+    def _info(self, resource: kmock.resource) -> kmock.ResourceInfo | None:
+        """What was declared about `resource`, if anything (a reaction can make it known too)."""
+        try:
+            return self.resources[resource]
+        except KeyError:
+            return None
+
+    def _live(self, key: Key) -> Json | None:
+        """A copy of the object stored under `key`, if it exists (and is not deleted)."""
+        if key not in self._objects or self._objects[key].deleted:
+            return None
+        return copy.deepcopy(self._objects[key].raw)
+
+    def _current(self, request: kmock.Request) -> list[Json]:
         return [
             copy.deepcopy(obj.raw)
             for (resource, namespace, _), obj in self.objects.items()
@@ -151,19 +328,24 @@ class VersionedEmulator(KubernetesEmulator):
             and (request.namespace is None or namespace == request.namespace)
         ]
 
-    def _known(self, request: kmock.Request) -> bool:
-        return any(resource == request.resource for resource in self._get_resources())
+    async def _serve_fetch(self, request: kmock.Request) -> kmock.Payload:
+        resource = self._resource(request)
+        name = request.name or ""
+        async with self._lock:
+            obj = self._live((resource, request.namespace, name))
+        if obj is None:
+            raise not_found(resource, name)
+        return obj
 
     async def _serve_list(self, request: kmock.Request) -> kmock.Payload:
-        if not self._known(request):
-            raise kmock.KubernetesResourceNotFoundError()
-        assert request.resource is not None
+        resource = self._resource(request)
         async with self._lock:
             items, rv = self._current(request), self._rv
-        info = self.resources[request.resource]
+        info = self._info(resource)
+        kind = info.kind if info is not None else None
         return {
-            "apiVersion": f"{request.resource.group}/{request.resource.version}",
-            "kind": f"{info.kind or 'Object'}List",
+            "apiVersion": f"{resource.group}/{resource.version}",
+            "kind": f"{kind or 'Object'}List",
             "metadata": {"resourceVersion": str(rv)},
             "items": items,
         }
@@ -209,23 +391,225 @@ class VersionedEmulator(KubernetesEmulator):
         finally:
             self._open_watches.discard(request)
 
+    # --- writes: each checks, then stores under the lock, at the next resourceVersion ---
+
+    async def _commit(self, key: Key, kind: str, obj: Json) -> Json:
+        """Stores `obj` (or, for DELETED, removes it) and journals the watch event."""
+        self._rv += 1
+        _meta(obj)["resourceVersion"] = str(self._rv)
+        if kind == "DELETED":
+            self._objects[key].delete()
+        elif key in self._objects:
+            self._objects[key].history.append(copy.deepcopy(obj))
+        else:
+            self._objects[key] = copy.deepcopy(obj)
+        event = {"type": kind, "object": copy.deepcopy(obj)}
+        self._journal.append(_Event(self._rv, key[0], key[1], event))
+        async with self._changed:
+            self._changed.notify_all()
+        return obj
+
+    async def _serve_create(self, request: kmock.Request) -> kmock.Payload:
+        resource = self._resource(request)
+        obj = _json_object(request)
+        meta = _meta(obj)
+        if meta.get("resourceVersion"):
+            raise bad_request("resourceVersion should not be set on objects to be created")
+        info = self._info(resource)
+        namespace = request.namespace or meta.get("namespace") or None
+        if request.namespace and meta.get("namespace") not in (None, "", request.namespace):
+            raise bad_request(
+                "the namespace of the provided object does not match the namespace sent on the "
+                "request"
+            )
+        if info is not None and info.namespaced is False:
+            namespace = None
+        name = meta.get("name") or _generated_name(meta.get("generateName"))
+        if not name:
+            raise invalid(resource, "", "metadata.name: Required value: name or generateName")
+        obj.setdefault("apiVersion", f"{resource.group}/{resource.version}".lstrip("/"))
+        if info is not None and info.kind:
+            obj.setdefault("kind", info.kind)
+        for field in ("deletionTimestamp", "deletionGracePeriodSeconds"):
+            meta.pop(field, None)
+        meta.update(name=name, uid=str(uuid.uuid4()), creationTimestamp=_now(), generation=1)
+        if namespace:
+            meta["namespace"] = namespace
+        key = (resource, namespace, name)
+        async with self._lock:
+            if self._live(key) is not None:
+                raise already_exists(resource, name)
+            return await self._commit(key, "ADDED", obj)
+
+    async def _serve_replace(self, request: kmock.Request) -> kmock.Payload:
+        """PUT: the body is the whole new object."""
+        resource = self._resource(request)
+        if request.name is None:
+            raise ApiError(405, "MethodNotAllowed", "PUT is only served for one object")
+        obj = _json_object(request)
+        body_name = _meta(obj).get("name")
+        if body_name not in (None, request.name):
+            raise bad_request(
+                f"the name of the object ({body_name}) does not match the name on the URL "
+                f"({request.name})"
+            )
+        key = (resource, request.namespace, request.name)
+        async with self._lock:
+            stored = self._live(key)
+            if stored is None:
+                raise not_found(resource, request.name)
+            return await self._update(key, stored, obj)
+
+    async def _serve_update(self, request: kmock.Request) -> kmock.Payload:
+        """PATCH, by its Content-Type."""
+        resource = self._resource(request)
+        media_type = _media_type(request)
+        if media_type not in (MERGE_PATCH, JSON_PATCH, STRATEGIC_MERGE_PATCH):
+            raise unsupported_patch()
+        name = request.name or ""
+        body = _json_body(request)
+        key = (resource, request.namespace, name)
+        async with self._lock:
+            stored = self._live(key)
+            if stored is None:
+                raise not_found(resource, name)
+            if media_type == JSON_PATCH:
+                patched = _json_patched(resource, name, stored, body)
+            elif isinstance(body, dict):
+                patched = merge_patch(stored, body)
+            else:
+                raise bad_request("a merge patch must be a JSON object")
+            return await self._update(key, stored, patched)
+
+    async def _update(self, key: Key, stored: Json, new: Json) -> Json:
+        """The end of every PUT and PATCH: concurrency checks, then what the server keeps."""
+        resource, _, name = key
+        meta, old = _meta(new), _meta(stored)
+        if meta.get("uid") and meta["uid"] != old.get("uid"):
+            why = f"Precondition failed: UID in precondition: {meta['uid']}, "
+            raise conflict(resource, name, why + f"UID in object meta: {old.get('uid')}")
+        if meta.get("resourceVersion") and meta["resourceVersion"] != old.get("resourceVersion"):
+            raise conflict(resource, name)
+        for field in (
+            "name",
+            "namespace",
+            "uid",
+            "creationTimestamp",
+            "resourceVersion",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+        ):
+            if field in old:
+                meta[field] = old[field]
+            else:
+                meta.pop(field, None)
+        changed = _content(new) != _content(stored)
+        meta["generation"] = int(old.get("generation") or 1) + (1 if changed else 0)
+        if old.get("deletionTimestamp") and not meta.get("finalizers"):
+            return await self._remove(key, stored)  # the last finalizer is gone: delete for real
+        if new == stored:
+            return stored  # a no-op: no new version, no event
+        return await self._commit(key, "MODIFIED", new)
+
+    async def _serve_delete(self, request: kmock.Request) -> kmock.Payload:
+        resource = self._resource(request)
+        name = request.name or ""
+        options = _json_body(request)
+        preconditions = options.get("preconditions") if isinstance(options, dict) else None
+        key = (resource, request.namespace, name)
+        async with self._lock:
+            stored = self._live(key)
+            if stored is None:
+                raise not_found(resource, name)
+            meta = _meta(stored)
+            for field, label in (("uid", "UID"), ("resourceVersion", "ResourceVersion")):
+                wanted = (preconditions or {}).get(field)
+                if wanted and wanted != meta.get(field):
+                    why = f"Precondition failed: {label} in precondition: {wanted}, "
+                    raise conflict(
+                        resource, name, why + f"{label} in object meta: {meta.get(field)}"
+                    )
+            return await self._delete(key, stored)
+
+    async def _delete(self, key: Key, stored: Json) -> Json:
+        meta = _meta(stored)
+        if meta.get("deletionTimestamp"):
+            return stored  # already on its way out
+        if meta.get("finalizers"):
+            meta.update(deletionTimestamp=_now(), deletionGracePeriodSeconds=0)
+            return await self._commit(key, "MODIFIED", stored)
+        return await self._remove(key, stored)
+
+    async def _remove(self, key: Key, stored: Json) -> Json:
+        removed = await self._commit(key, "DELETED", stored)
+        uid = _meta(stored).get("uid")
+        if self.garbage_collection and uid:
+            await self._collect(uid)
+        return removed
+
+    async def _collect(self, uid: str) -> None:
+        """The garbage collector, once the object with `uid` is gone: its dependents go, or, if
+        they have another owner that still exists, lose their reference to it."""
+        dependents = [
+            key for key, obj in self._objects.items() if not obj.deleted and _owned_by(obj.raw, uid)
+        ]
+        for key in dependents:
+            obj = self._live(key)
+            if obj is None or not _owned_by(obj, uid):
+                continue  # deleted meanwhile, as a dependent of another owner that went
+            meta = _meta(obj)
+            others = [ref for ref in meta["ownerReferences"] if ref.get("uid") != uid]
+            if any(self._exists(ref.get("uid")) for ref in others):
+                meta["ownerReferences"] = others
+                await self._commit(key, "MODIFIED", obj)
+            else:
+                await self._delete(key, obj)
+
+    def _exists(self, uid: Any) -> bool:
+        return any(
+            not obj.deleted and _meta(obj.raw).get("uid") == uid for obj in self._objects.values()
+        )
+
+
+def _generated_name(prefix: Any) -> str | None:
+    if not isinstance(prefix, str) or not prefix:
+        return None
+    return prefix + "".join(random.choices(string.ascii_lowercase + string.digits, k=5))
+
+
+def _json_patched(resource: kmock.resource, name: str, stored: Json, ops: Any) -> Json:
+    if not isinstance(ops, list):
+        raise bad_request("a JSON patch must be a JSON array of operations")
+    try:
+        patched = jsonpatch.apply_patch(stored, ops)
+    except jsonpatch.InvalidJsonPatch as err:
+        raise bad_request(str(err)) from None
+    except (jsonpatch.JsonPatchException, jsonpointer.JsonPointerException) as err:
+        raise invalid(resource, name, str(err)) from None
+    if not isinstance(patched, dict):
+        raise invalid(resource, name, "the patched object is not a JSON object")
+    return patched
+
 
 # --- responses for kmock reactions --------------------------------------------------------------
 
 
-def status_object(code: int, reason: str, message: str) -> dict[str, Any]:
-    return {
+def status_object(code: int, reason: str, message: str, details: Json | None = None) -> Json:
+    body: Json = {
         "apiVersion": "v1",
         "kind": "Status",
         "metadata": {},
         "status": "Failure",
-        "code": code,
-        "reason": reason,
         "message": message,
+        "reason": reason,
+        "code": code,
     }
+    if details:
+        body["details"] = details
+    return body
 
 
-def expired_event(since: str = "1", oldest: int = 2) -> dict[str, Any]:
+def expired_event(since: str = "1", oldest: int = 2) -> Json:
     """The watch event the API server sends for a resourceVersion it no longer has."""
     message = f"too old resource version: {since} ({oldest})"
     return {"type": "ERROR", "object": status_object(410, "Expired", message)}
@@ -251,14 +635,18 @@ def next_requests(view: kmock.View, count: int = 1) -> kmock.View:
     return view[seen : seen + count]
 
 
-# --- the emulator on a port, and a kubeconfig for it --------------------------------------------
+# --- the emulator on a port, a kubeconfig and a client for it -----------------------------------
 
 
 @contextlib.asynccontextmanager
-async def emulator() -> AsyncIterator[tuple[VersionedEmulator, str]]:
-    """A `VersionedEmulator` (with Kubeflow Trainer's resources declared) and its URL."""
+async def emulator(*, scheduling: bool = True) -> AsyncIterator[tuple[VersionedEmulator, str]]:
+    """A `VersionedEmulator` and its URL, serving Kubeflow Trainer's resources, Leases, Events
+    and, unless `scheduling=False`, scheduling.k8s.io/v1beta1 Workloads and PodGroups."""
     async with VersionedEmulator() as k, Server(k) as server:
         declare_trainer_resources(k)
+        declare_service_resources(k)
+        if scheduling:
+            declare_scheduling_resources(k)
         yield k, str(server.url).rstrip("/")
 
 
@@ -283,31 +671,114 @@ def kubeconfig(url: str) -> str:
     return yaml.safe_dump(config)
 
 
-async def create(k: KubernetesEmulator, resource: kmock.resource, obj: dict[str, Any]) -> None:
-    """POSTs `obj` to the emulator (as a client would), so watches see it."""
+@contextlib.asynccontextmanager
+async def api_client(url: str, user_agent: str | None = None) -> AsyncIterator[ApiClient]:
+    """The official async client for the emulator; `user_agent` lets reactions pick its
+    requests out, e.g. `k[kmock.headers({"User-Agent": "a"})] << status(500)`."""
+    api = ApiClient(configuration=Configuration(host=url))
+    if user_agent:
+        api.user_agent = user_agent
+    try:
+        yield api
+    finally:
+        close: Any = api.close  # untyped in the client
+        await close()
+
+
+async def eventually(check: Callable[[], bool], what: str, timeout: float = 5.0) -> None:
+    """Waits until `check()` holds, polling; fails the test after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout}s: {what}")
+        await asyncio.sleep(0.01)
+
+
+# --- requests as a client sends them (each asserts success) -------------------------------------
+
+
+async def create(k: KubernetesEmulator, resource: kmock.resource, obj: Json) -> Json:
+    """POSTs `obj` to the emulator (as a client would), so watches see it; returns it as stored."""
     meta = dict(obj.get("metadata") or {})
     meta.pop("resourceVersion", None)  # the API server refuses a create that sets it
     body = {**obj, "metadata": meta}
-    namespace = meta.get("namespace")
-    async with k.post(_path(resource, namespace), json=body) as response:
+    async with k.post(_path(resource, meta.get("namespace")), json=body) as response:
         assert response.status == 200, await response.text()
+        created: Json = await response.json()
+        return created
+
+
+async def get(
+    k: KubernetesEmulator, resource: kmock.resource, namespace: str | None, name: str
+) -> Json | None:
+    """The object as stored, or None if there is none."""
+    async with k.get(f"{_path(resource, namespace)}/{name}") as response:
+        if response.status == 404:
+            return None
+        assert response.status == 200, await response.text()
+        obj: Json = await response.json()
+        return obj
+
+
+async def replace(k: KubernetesEmulator, resource: kmock.resource, obj: Json) -> Json:
+    """PUTs `obj` over the object of its name (its resourceVersion, if set, must be current)."""
+    meta = obj["metadata"]
+    url = f"{_path(resource, meta.get('namespace'))}/{meta['name']}"
+    async with k.put(url, json=obj) as response:
+        assert response.status == 200, await response.text()
+        replaced: Json = await response.json()
+        return replaced
 
 
 async def patch(
     k: KubernetesEmulator, resource: kmock.resource, namespace: str | None, name: str, body: Any
-) -> None:
+) -> Json:
     """A merge patch (None deletes a key)."""
-    async with k.patch(f"{_path(resource, namespace)}/{name}", json=body) as response:
-        assert response.status == 200, await response.text()
+    return await _patch(k, resource, namespace, name, body, MERGE_PATCH)
+
+
+async def json_patch(
+    k: KubernetesEmulator,
+    resource: kmock.resource,
+    namespace: str | None,
+    name: str,
+    ops: list[Json],
+) -> Json:
+    """A JSON patch (RFC 6902): a list of operations."""
+    return await _patch(k, resource, namespace, name, ops, JSON_PATCH)
 
 
 async def delete(
-    k: KubernetesEmulator, resource: kmock.resource, namespace: str | None, name: str
+    k: KubernetesEmulator,
+    resource: kmock.resource,
+    namespace: str | None,
+    name: str,
+    *,
+    preconditions: Json | None = None,
 ) -> None:
-    async with k.delete(f"{_path(resource, namespace)}/{name}") as response:
+    """Deletes, with DeleteOptions `preconditions` (uid, resourceVersion) if given."""
+    body = {"preconditions": preconditions} if preconditions else None
+    async with k.delete(f"{_path(resource, namespace)}/{name}", json=body) as response:
         assert response.status == 200, await response.text()
+
+
+async def _patch(
+    k: KubernetesEmulator,
+    resource: kmock.resource,
+    namespace: str | None,
+    name: str,
+    body: Any,
+    media_type: str,
+) -> Json:
+    url = f"{_path(resource, namespace)}/{name}"
+    headers = {"Content-Type": media_type}
+    async with k.patch(url, data=json.dumps(body), headers=headers) as response:
+        assert response.status == 200, await response.text()
+        patched: Json = await response.json()
+        return patched
 
 
 def _path(resource: kmock.resource, namespace: str | None) -> str:
     ns = f"/namespaces/{namespace}" if namespace else ""
-    return f"/apis/{resource.group}/{resource.version}{ns}/{resource.plural}"
+    prefix = f"/apis/{resource.group}" if resource.group else "/api"
+    return f"{prefix}/{resource.version}{ns}/{resource.plural}"

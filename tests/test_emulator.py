@@ -1,0 +1,504 @@
+"""`VersionedEmulator` answers writes as a real kube-apiserver does, over real HTTP: the stamps
+of a create, PUT and PATCH with optimistic concurrency, DeleteOptions preconditions, finalizers,
+the garbage collector, and discovery of the resources it declares."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import kmock
+import pytest
+from kubernetes.aio.client import CoordinationV1Api, CustomObjectsApi, V1Lease, V1ObjectMeta
+from kubernetes.aio.client.exceptions import ApiException
+
+from tests.kube_emulator import (
+    EVENTS,
+    JSON_PATCH,
+    LEASES,
+    MERGE_PATCH,
+    OPTIMISTIC_LOCK,
+    POD_GROUPS,
+    STRATEGIC_MERGE_PATCH,
+    TRAINER,
+    TRAINJOBS,
+    VERSION,
+    WORKLOADS,
+    VersionedEmulator,
+    api_client,
+    create,
+    delete,
+    emulator,
+    get,
+    json_patch,
+    next_requests,
+    patch,
+    replace,
+    status,
+)
+
+Json = dict[str, Any]
+NS = "team-a"
+LEASES_URL = f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases"
+WORKLOADS_URL = f"/apis/scheduling.k8s.io/v1beta1/namespaces/{NS}/workloads"
+SECONDS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
+
+
+def lease(name: str = "lock", **spec: Any) -> Json:
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"holderIdentity": "a", **spec},
+    }
+
+
+def workload(name: str, *owners: Json, finalizers: list[str] | None = None) -> Json:
+    meta: Json = {"name": name, "namespace": NS}
+    if owners:
+        meta["ownerReferences"] = [
+            {"apiVersion": "v1", "kind": "X", "name": o["metadata"]["name"], "uid": uid(o)}
+            for o in owners
+        ]
+    if finalizers:
+        meta["finalizers"] = finalizers
+    return {"apiVersion": "scheduling.k8s.io/v1beta1", "kind": "Workload", "metadata": meta}
+
+
+def uid(obj: Json) -> str:
+    value: str = obj["metadata"]["uid"]
+    return value
+
+
+def rv(obj: Json) -> str:
+    value: str = obj["metadata"]["resourceVersion"]
+    return value
+
+
+async def call(
+    k: VersionedEmulator, method: str, url: str, body: Any = None, media_type: str | None = None
+) -> tuple[int, Json]:
+    """One request with a JSON body (in `media_type`); the status and the JSON answer."""
+    headers = {"Content-Type": media_type or "application/json"}
+    data = None if body is None else json.dumps(body)
+    async with k.request(method, url, data=data, headers=headers) as response:
+        answer: Json = await response.json()
+        return response.status, answer
+
+
+async def events_since(k: VersionedEmulator, url: str, since: str) -> list[tuple[str, Json]]:
+    """The watch events after resourceVersion `since`: (type, object) pairs."""
+    params = {"watch": "true", "resourceVersion": since, "timeoutSeconds": "0.3"}
+    async with k.get(url, params=params) as response:
+        assert response.status == 200
+        lines = [line async for line in response.content if line.strip()]
+    events = [json.loads(line) for line in lines]
+    return [(e["type"], e["object"]) for e in events]
+
+
+def assert_status(answer: Json, code: int, reason: str, message: str | None = None) -> None:
+    assert answer["kind"] == "Status" and answer["apiVersion"] == "v1", answer
+    assert (answer["status"], answer["code"], answer["reason"]) == ("Failure", code, reason)
+    if message is not None:
+        assert answer["message"] == message
+
+
+# --- create -------------------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_create_stamps_uid_creation_time_generation_and_the_urls_namespace() -> None:
+    async with emulator() as (k, _):
+        body = lease()
+        del body["metadata"]["namespace"]  # the URL says which
+        code, created = await call(k, "POST", LEASES_URL, body)
+        assert code == 200, created
+        meta = created["metadata"]
+        assert meta["namespace"] == NS and meta["generation"] == 1
+        assert re.fullmatch(r"[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}", meta["uid"])
+        assert SECONDS.match(meta["creationTimestamp"])
+        assert meta["resourceVersion"] == str(k.resource_version)
+        assert await get(k, LEASES, NS, "lock") == created
+        other = await create(k, LEASES, lease("other"))
+        assert uid(other) != meta["uid"]
+
+
+@pytest.mark.asyncio
+async def test_create_with_a_resource_version_is_refused() -> None:
+    async with emulator() as (k, _):
+        body = lease()
+        body["metadata"]["resourceVersion"] = "7"
+        code, answer = await call(k, "POST", LEASES_URL, body)
+        message = "resourceVersion should not be set on objects to be created"
+        assert code == 400
+        assert_status(answer, 400, "BadRequest", message)
+        assert await get(k, LEASES, NS, "lock") is None
+
+
+@pytest.mark.asyncio
+async def test_create_of_an_existing_name_is_409_already_exists() -> None:
+    async with emulator() as (k, url), api_client(url) as api:
+        await create(k, LEASES, lease())
+        code, answer = await call(k, "POST", LEASES_URL, lease())
+        assert code == 409
+        assert_status(
+            answer, 409, "AlreadyExists", 'leases.coordination.k8s.io "lock" already exists'
+        )
+        assert answer["details"] == {
+            "name": "lock",
+            "group": "coordination.k8s.io",
+            "kind": "leases",
+        }
+        body = V1Lease(metadata=V1ObjectMeta(name="lock", namespace=NS))
+        with pytest.raises(ApiException) as caught:  # as the official client sees it
+            await CoordinationV1Api(api).create_namespaced_lease(NS, body)
+        assert caught.value.status == 409
+        assert json.loads(caught.value.body or "{}")["reason"] == "AlreadyExists"
+
+
+@pytest.mark.asyncio
+async def test_create_into_another_namespace_than_the_urls_is_refused() -> None:
+    async with emulator() as (k, _):
+        body = lease()
+        body["metadata"]["namespace"] = "team-b"
+        code, answer = await call(k, "POST", LEASES_URL, body)
+        assert code == 400
+        assert_status(answer, 400, "BadRequest")
+
+
+# --- PUT ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_put_replaces_the_whole_object_and_keeps_uid_and_creation_time() -> None:
+    async with emulator() as (k, _):
+        created = await create(k, LEASES, lease(leaseTransitions=3))
+        new = lease(renewTime="2030-01-01T00:00:00.000000Z")  # no leaseTransitions: it goes
+        new["metadata"]["creationTimestamp"] = "2001-01-01T00:00:00Z"  # the server keeps its own
+        code, replaced = await call(k, "PUT", f"{LEASES_URL}/lock", new)
+        assert code == 200, replaced
+        assert replaced["spec"] == new["spec"]
+        assert uid(replaced) == uid(created)
+        assert replaced["metadata"]["creationTimestamp"] == created["metadata"]["creationTimestamp"]
+        assert int(rv(replaced)) > int(rv(created))
+        assert await get(k, LEASES, NS, "lock") == replaced
+        assert await events_since(k, LEASES_URL, rv(created)) == [("MODIFIED", replaced)]
+
+
+@pytest.mark.asyncio
+async def test_put_with_a_stale_resource_version_is_409_conflict() -> None:
+    async with emulator() as (k, _):
+        created = await create(k, LEASES, lease())
+        current = await replace(k, LEASES, {**created, "spec": {"holderIdentity": "b"}})
+        stale = {**created, "spec": {"holderIdentity": "c"}}  # still the first resourceVersion
+        code, answer = await call(k, "PUT", f"{LEASES_URL}/lock", stale)
+        message = (
+            f'Operation cannot be fulfilled on leases.coordination.k8s.io "lock": {OPTIMISTIC_LOCK}'
+        )
+        assert code == 409
+        assert_status(answer, 409, "Conflict", message)
+        assert await get(k, LEASES, NS, "lock") == current
+        unconditional = lease(holderIdentity="d")  # no resourceVersion: no precondition
+        assert (await replace(k, LEASES, unconditional))["spec"]["holderIdentity"] == "d"
+
+
+@pytest.mark.asyncio
+async def test_put_with_another_uid_is_409_conflict() -> None:
+    async with emulator() as (k, _):
+        created = await create(k, LEASES, lease())
+        other = {**created, "metadata": {**created["metadata"], "uid": "not-it"}}
+        code, answer = await call(k, "PUT", f"{LEASES_URL}/lock", other)
+        assert code == 409
+        assert_status(answer, 409, "Conflict")
+        assert "Precondition failed: UID in precondition: not-it" in answer["message"]
+
+
+@pytest.mark.asyncio
+async def test_put_of_a_missing_object_is_404() -> None:
+    async with emulator() as (k, _):
+        code, answer = await call(k, "PUT", f"{LEASES_URL}/lock", lease())
+        assert code == 404
+        assert_status(answer, 404, "NotFound", 'leases.coordination.k8s.io "lock" not found')
+
+
+# --- PATCH --------------------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_merge_patch_is_stored_announced_and_returned() -> None:
+    async with emulator() as (k, _):
+        created = await create(k, LEASES, lease(leaseTransitions=1))
+        body = {"spec": {"leaseTransitions": None, "holderIdentity": "b"}}  # null deletes
+        code, patched = await call(k, "PATCH", f"{LEASES_URL}/lock", body, MERGE_PATCH)
+        assert code == 200, patched
+        assert patched["spec"] == {"holderIdentity": "b"}
+        assert int(rv(patched)) > int(rv(created)) and uid(patched) == uid(created)
+        assert await get(k, LEASES, NS, "lock") == patched
+        assert await events_since(k, LEASES_URL, rv(created)) == [("MODIFIED", patched)]
+
+
+@pytest.mark.asyncio
+async def test_merge_patch_replaces_what_is_not_an_object_both_ways() -> None:
+    async with emulator() as (k, _):
+        await create(k, LEASES, {**lease(), "extra": {"a": 1}, "flag": 1})
+        patched = await patch(k, LEASES, NS, "lock", {"extra": 2, "flag": {"b": 2}})  # RFC 7386
+        assert (patched["extra"], patched["flag"]) == (2, {"b": 2})
+
+
+@pytest.mark.asyncio
+async def test_merge_patch_with_a_stale_resource_version_or_another_uid_is_409() -> None:
+    async with emulator() as (k, _):
+        created = await create(k, LEASES, lease())
+        current = await patch(k, LEASES, NS, "lock", {"spec": {"holderIdentity": "b"}})
+        url = f"{LEASES_URL}/lock"
+        for meta in ({"resourceVersion": rv(created)}, {"uid": "recreated-meanwhile"}):
+            body = {"metadata": meta, "spec": {"holderIdentity": "c"}}
+            code, answer = await call(k, "PATCH", url, body, MERGE_PATCH)
+            assert code == 409, meta
+            assert_status(answer, 409, "Conflict")
+        assert await get(k, LEASES, NS, "lock") == current
+        guarded = {"metadata": {"resourceVersion": rv(current)}, "spec": {"holderIdentity": "d"}}
+        assert (await patch(k, LEASES, NS, "lock", guarded))["spec"]["holderIdentity"] == "d"
+
+
+@pytest.mark.asyncio
+async def test_json_patch_applies_operations_and_refuses_a_failed_test_or_a_bad_path() -> None:
+    async with emulator() as (k, _):
+        created = await create(k, LEASES, lease())
+        ops: list[Json] = [
+            {"op": "test", "path": "/metadata/resourceVersion", "value": rv(created)},
+            {"op": "replace", "path": "/spec/holderIdentity", "value": "b"},
+            {"op": "add", "path": "/metadata/labels", "value": {"x": "y"}},
+        ]
+        patched = await json_patch(k, LEASES, NS, "lock", ops)
+        assert patched["spec"]["holderIdentity"] == "b"
+        assert patched["metadata"]["labels"] == {"x": "y"}
+        assert await events_since(k, LEASES_URL, rv(created)) == [("MODIFIED", patched)]
+        url = f"{LEASES_URL}/lock"
+        for bad in (
+            [{"op": "test", "path": "/spec/holderIdentity", "value": "a"}],  # it is "b" now
+            [{"op": "replace", "path": "/spec/nothing/here", "value": 1}],
+            [{"op": "remove", "path": "/status"}],
+        ):
+            code, answer = await call(k, "PATCH", url, bad, JSON_PATCH)
+            assert code == 422, bad
+            assert_status(answer, 422, "Invalid")
+        code, answer = await call(k, "PATCH", url, {"not": "a list"}, JSON_PATCH)
+        assert code == 400
+        assert await get(k, LEASES, NS, "lock") == patched
+
+
+@pytest.mark.asyncio
+async def test_json_patch_cannot_change_the_uid_and_creation_time_stays() -> None:
+    async with emulator() as (k, _):
+        created = await create(k, LEASES, lease())
+        url = f"{LEASES_URL}/lock"
+        change_uid = [{"op": "replace", "path": "/metadata/uid", "value": "mine"}]
+        code, answer = await call(k, "PATCH", url, change_uid, JSON_PATCH)
+        assert code == 409
+        assert_status(answer, 409, "Conflict")
+        old_time = [{"op": "replace", "path": "/metadata/creationTimestamp", "value": "2001"}]
+        patched = await json_patch(k, LEASES, NS, "lock", old_time)
+        assert patched == created  # nothing it may change changed
+
+
+@pytest.mark.asyncio
+async def test_strategic_merge_patch_merges_and_other_patch_types_are_415() -> None:
+    async with emulator() as (k, _):
+        await create(k, LEASES, lease())
+        url = f"{LEASES_URL}/lock"
+        body = {"spec": {"leaseTransitions": 2}}
+        code, patched = await call(k, "PATCH", url, body, STRATEGIC_MERGE_PATCH)
+        assert code == 200 and patched["spec"] == {"holderIdentity": "a", "leaseTransitions": 2}
+        for media_type in ("application/json", "application/apply-patch+yaml", "text/plain"):
+            code, answer = await call(k, "PATCH", url, body, media_type)
+            assert code == 415, media_type
+            assert_status(answer, 415, "UnsupportedMediaType")
+
+
+@pytest.mark.asyncio
+async def test_a_write_that_changes_nothing_stores_nothing() -> None:
+    async with emulator() as (k, _):
+        created = await create(k, LEASES, lease())
+        same = await patch(k, LEASES, NS, "lock", {"spec": {"holderIdentity": "a"}})
+        assert same == created
+        assert await replace(k, LEASES, created) == created
+        assert await events_since(k, LEASES_URL, rv(created)) == []
+
+
+@pytest.mark.asyncio
+async def test_generation_counts_changes_to_anything_but_metadata_and_status() -> None:
+    async with emulator() as (k, _):
+        await create(k, WORKLOADS, {**workload("w"), "spec": {"a": 1}})
+        labelled = await patch(k, WORKLOADS, NS, "w", {"metadata": {"labels": {"x": "y"}}})
+        with_status = await patch(k, WORKLOADS, NS, "w", {"status": {"ok": True}})
+        respecced = await patch(k, WORKLOADS, NS, "w", {"spec": {"a": 2}})
+        generations = [o["metadata"]["generation"] for o in (labelled, with_status, respecced)]
+        assert generations == [1, 1, 2]
+
+
+@pytest.mark.asyncio
+async def test_a_write_a_reaction_answers_is_not_applied() -> None:
+    async with emulator() as (k, _):
+        next_requests(k[kmock.action.CREATE, LEASES]) << status(500)
+        code, _ = await call(k, "POST", LEASES_URL, lease())
+        assert code == 500
+        assert await get(k, LEASES, NS, "lock") is None
+        created = await create(k, LEASES, lease())
+        next_requests(k[kmock.method.PUT, LEASES]) << status(500)
+        code, _ = await call(k, "PUT", f"{LEASES_URL}/lock", lease(holderIdentity="b"))
+        assert code == 500
+        assert await get(k, LEASES, NS, "lock") == created
+
+
+# --- DELETE -------------------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_delete_honours_uid_and_resource_version_preconditions() -> None:
+    async with emulator() as (k, _):
+        created = await create(k, LEASES, lease())
+        url = f"{LEASES_URL}/lock"
+        wrong = ({"uid": "another"}, {"resourceVersion": "1" + rv(created)})
+        for preconditions in wrong:
+            code, answer = await call(k, "DELETE", url, {"preconditions": preconditions})
+            assert code == 409, preconditions
+            assert_status(answer, 409, "Conflict")
+            assert "Precondition failed" in answer["message"]
+        assert await get(k, LEASES, NS, "lock") == created
+        right = {"uid": uid(created), "resourceVersion": rv(created)}
+        await delete(k, LEASES, NS, "lock", preconditions=right)
+        assert await get(k, LEASES, NS, "lock") is None
+        [(kind, gone)] = await events_since(k, LEASES_URL, rv(created))
+        assert kind == "DELETED" and uid(gone) == uid(created)
+        code, answer = await call(k, "DELETE", url)
+        assert code == 404
+        assert_status(answer, 404, "NotFound")
+
+
+@pytest.mark.asyncio
+async def test_an_object_with_finalizers_goes_when_the_last_one_is_removed() -> None:
+    async with emulator() as (k, _):
+        created = await create(k, WORKLOADS, workload("w", finalizers=["x/y"]))
+        await delete(k, WORKLOADS, NS, "w")
+        marked = await get(k, WORKLOADS, NS, "w")
+        assert marked is not None and SECONDS.match(marked["metadata"]["deletionTimestamp"])
+        await patch(k, WORKLOADS, NS, "w", {"metadata": {"finalizers": None}})
+        assert await get(k, WORKLOADS, NS, "w") is None
+        events = await events_since(k, WORKLOADS_URL, rv(created))
+        assert [kind for kind, _ in events] == ["MODIFIED", "DELETED"]
+
+
+# --- garbage collection -------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_the_garbage_collector_deletes_dependents_recursively() -> None:
+    async with emulator() as (k, _):
+        owner = await create(k, WORKLOADS, workload("owner"))
+        child = await create(k, WORKLOADS, workload("child", owner))
+        await create(k, WORKLOADS, workload("grandchild", child))
+        other = await create(k, WORKLOADS, workload("other"))
+        shared = await create(k, WORKLOADS, workload("shared", owner, other))
+        unrelated = await create(k, WORKLOADS, workload("unrelated"))
+        since = str(k.resource_version)
+        await delete(k, WORKLOADS, NS, "owner")
+        for gone in ("owner", "child", "grandchild"):
+            assert await get(k, WORKLOADS, NS, gone) is None, gone
+        kept = await get(k, WORKLOADS, NS, "shared")  # another owner lives: only the ref goes
+        assert kept is not None
+        assert [ref["uid"] for ref in kept["metadata"]["ownerReferences"]] == [uid(other)]
+        assert uid(kept) == uid(shared)
+        assert await get(k, WORKLOADS, NS, "unrelated") == unrelated
+        events = await events_since(k, WORKLOADS_URL, since)
+        assert sorted((kind, obj["metadata"]["name"]) for kind, obj in events) == [
+            ("DELETED", "child"),
+            ("DELETED", "grandchild"),
+            ("DELETED", "owner"),
+            ("MODIFIED", "shared"),
+        ]
+
+
+@pytest.mark.asyncio
+async def test_the_garbage_collector_spares_dependents_with_finalizers_and_can_be_off() -> None:
+    async with emulator() as (k, _):
+        owner = await create(k, WORKLOADS, workload("owner"))
+        await create(k, WORKLOADS, workload("held", owner, finalizers=["x/y"]))
+        await delete(k, WORKLOADS, NS, "owner")
+        held = await get(k, WORKLOADS, NS, "held")
+        assert held is not None and "deletionTimestamp" in held["metadata"]
+
+        k.garbage_collection = False
+        owner = await create(k, WORKLOADS, workload("owner"))
+        orphan = await create(k, WORKLOADS, workload("orphan", owner))
+        await delete(k, WORKLOADS, NS, "owner")
+        assert await get(k, WORKLOADS, NS, "orphan") == orphan
+
+
+# --- discovery and the declared resources -------------------------------------------------------
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("scheduling", [True, False])
+async def test_discovery_lists_the_scheduling_resources_only_when_declared(
+    scheduling: bool,
+) -> None:
+    async with emulator(scheduling=scheduling) as (k, _):
+        async with k.get("/apis/scheduling.k8s.io/v1beta1") as response:
+            if not scheduling:
+                assert response.status == 404
+                return
+            assert response.status == 200
+            listing = await response.json()
+        assert (listing["kind"], listing["groupVersion"]) == (
+            "APIResourceList",
+            "scheduling.k8s.io/v1beta1",
+        )
+        found = {r["name"]: (r["kind"], r["namespaced"]) for r in listing["resources"]}
+        assert found == {"workloads": ("Workload", True), "podgroups": ("PodGroup", True)}
+
+
+@pytest.mark.asyncio
+async def test_leases_events_and_the_scheduling_resources_are_served() -> None:
+    async with emulator() as (k, _):
+        for resource, kind in ((LEASES, "leases"), (EVENTS, "events")):
+            group, version = resource.group, resource.version
+            async with k.get(f"/apis/{group}/{version}") as response:
+                names = [r["name"] for r in (await response.json())["resources"]]
+                assert names == [kind]
+        for resource in (WORKLOADS, POD_GROUPS, EVENTS, LEASES):
+            created = await create(k, resource, {"metadata": {"name": "x", "namespace": NS}})
+            assert created["apiVersion"] == f"{resource.group}/{resource.version}"
+            await delete(k, resource, NS, "x")
+    async with emulator(scheduling=False) as (k, _):
+        code, answer = await call(k, "POST", WORKLOADS_URL, workload("w"))
+        assert code == 404
+        assert_status(answer, 404, "NotFound")
+
+
+@pytest.mark.asyncio
+async def test_the_official_client_sees_conflicts_as_the_writers_do() -> None:
+    async with emulator() as (k, url), api_client(url) as api:
+        created = await create(k, TRAINJOBS, {"metadata": {"name": "job", "namespace": NS}})
+        objects = CustomObjectsApi(api)
+        body = {"metadata": {"uid": "of-an-older-job", "annotations": {"a": "b"}}}
+        with pytest.raises(ApiException) as caught:
+            await objects.patch_namespaced_custom_object(
+                TRAINER, VERSION, NS, "trainjobs", "job", body, _content_type=MERGE_PATCH
+            )
+        assert caught.value.status == 409
+        body["metadata"]["uid"] = uid(created)
+        patched: Any = await objects.patch_namespaced_custom_object(
+            TRAINER, VERSION, NS, "trainjobs", "job", body, _content_type=MERGE_PATCH
+        )
+        assert patched["metadata"]["annotations"] == {"a": "b"}
+        leases = CoordinationV1Api(api)
+        await create(k, LEASES, lease())
+        read = await leases.read_namespaced_lease("lock", NS)
+        await replace(k, LEASES, lease(holderIdentity="b"))  # someone else writes meanwhile
+        assert read.spec is not None
+        read.spec.holder_identity = "c"
+        with pytest.raises(ApiException) as caught:
+            await leases.replace_namespaced_lease("lock", NS, read)
+        assert caught.value.status == 409
