@@ -255,7 +255,9 @@ class VersionedEmulator(KubernetesEmulator):
     _rv: int = attrs.field(default=0, init=False)
     _compacted: int = attrs.field(default=0, init=False)
     _journal: list[_Event] = attrs.field(factory=list, init=False)
-    _changed: asyncio.Condition = attrs.field(factory=asyncio.Condition, init=False)
+    # Set (and replaced) on every change. An Event rather than a Condition: on Python 3.11,
+    # wait_for() cancelling Condition.wait() can lose the lock and wedge the watch handler.
+    _changed: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)
     _open_watches: set[kmock.Request] = attrs.field(factory=set, init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -384,10 +386,9 @@ class VersionedEmulator(KubernetesEmulator):
                 if remaining is not None and remaining <= 0:
                     return  # timeoutSeconds: the API server ends the stream cleanly
                 wait = 0.05 if remaining is None else min(0.05, remaining)
-                async with self._changed:
-                    if len(self._journal) == position:
-                        with contextlib.suppress(TimeoutError):
-                            await asyncio.wait_for(self._changed.wait(), wait)
+                if len(self._journal) == position:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._changed.wait(), wait)
         finally:
             self._open_watches.discard(request)
 
@@ -405,8 +406,8 @@ class VersionedEmulator(KubernetesEmulator):
             self._objects[key] = copy.deepcopy(obj)
         event = {"type": kind, "object": copy.deepcopy(obj)}
         self._journal.append(_Event(self._rv, key[0], key[1], event))
-        async with self._changed:
-            self._changed.notify_all()
+        self._changed.set()  # wakes every waiting watch; later waits use a fresh event
+        self._changed = asyncio.Event()
         return obj
 
     async def _serve_create(self, request: kmock.Request) -> kmock.Payload:
@@ -439,7 +440,9 @@ class VersionedEmulator(KubernetesEmulator):
         async with self._lock:
             if self._live(key) is not None:
                 raise already_exists(resource, name)
-            return await self._commit(key, "ADDED", obj)
+            created = await self._commit(key, "ADDED", obj)
+        # 201 Created, as kube-apiserver answers (clients read a create's body only with 201).
+        return Response(status=201, payload=created)
 
     async def _serve_replace(self, request: kmock.Request) -> kmock.Payload:
         """PUT: the body is the whole new object."""
@@ -703,7 +706,7 @@ async def create(k: KubernetesEmulator, resource: kmock.resource, obj: Json) -> 
     meta.pop("resourceVersion", None)  # the API server refuses a create that sets it
     body = {**obj, "metadata": meta}
     async with k.post(_path(resource, meta.get("namespace")), json=body) as response:
-        assert response.status == 200, await response.text()
+        assert response.status == 201, await response.text()
         created: Json = await response.json()
         return created
 

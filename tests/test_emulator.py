@@ -113,7 +113,7 @@ async def test_create_stamps_uid_creation_time_generation_and_the_urls_namespace
         body = lease()
         del body["metadata"]["namespace"]  # the URL says which
         code, created = await call(k, "POST", LEASES_URL, body)
-        assert code == 200, created
+        assert code == 201, created
         meta = created["metadata"]
         assert meta["namespace"] == NS and meta["generation"] == 1
         assert re.fullmatch(r"[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}", meta["uid"])

@@ -130,7 +130,8 @@ def plan_command(paths: Sequence[str], out: TextIO, err: TextIO) -> int:
     return 0 if ok else EXIT_INVALID
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(config: dict[str, Any] | None = None) -> argparse.ArgumentParser:
+    """The command line; `config` holds `serve` defaults read from a --config file."""
     parser = argparse.ArgumentParser(
         prog="python -m webhook",
         description="Workload-aware scheduling for Kubeflow TrainJobs.",
@@ -151,13 +152,31 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="YAML file with TrainJobs and (Cluster)TrainingRuntimes; repeatable; - for stdin",
     )
-    _add_serve(commands)
+    _add_serve(commands, config or {})
     _add_certs(commands)
     return parser
 
 
 def _env(name: str, default: str) -> str:
     return os.environ.get(f"WEBHOOK_{name}", default)
+
+
+def _bool(text: str) -> bool:
+    lowered = str(text).strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(text)
+
+
+def _names(text: str) -> tuple[str, ...]:
+    """A comma-separated list (a YAML list in the config file is joined first)."""
+    return tuple(part.strip() for part in str(text).split(",") if part.strip())
+
+
+_bool.__name__ = "boolean (true/false)"
+_names.__name__ = "comma-separated list"
 
 
 def _port(text: str) -> int:
@@ -189,45 +208,120 @@ _port.__name__ = "port (1-65535)"
 _at_least_zero.__name__ = "number >= 0"
 
 
-def _add_serve(commands: Any) -> None:
+# flag, environment variable (after WEBHOOK_), type, default, help
+_SERVE_OPTIONS: list[tuple[str, str, Any, str, str]] = [
+    ("--host", "HOST", str, "0.0.0.0", "address to listen on"),
+    ("--port", "PORT", _port, "9443", "webhook (TLS) port"),
+    ("--health-port", "HEALTH_PORT", _port, "8081", "plain-HTTP port for /healthz and /readyz"),
+    ("--metrics-port", "METRICS_PORT", _port, "8443", "metrics (TLS) port for /metrics"),
+    ("--metrics-auth", "METRICS_AUTH", _bool, "true",
+     "check scrapers with TokenReview + SubjectAccessReview (false: anyone may read)"),
+    ("--metrics-token-audiences", "METRICS_TOKEN_AUDIENCES", _names, "",
+     "audiences a scraper's token must be for (default: the API server's)"),
+    ("--metrics-token-ttl", "METRICS_TOKEN_TTL", _positive(float), "60",
+     "seconds a TokenReview answer is reused"),
+    ("--metrics-allow-ttl", "METRICS_ALLOW_TTL", _positive(float), "300",
+     "seconds an allowing SubjectAccessReview is reused"),
+    ("--metrics-deny-ttl", "METRICS_DENY_TTL", _positive(float), "30",
+     "seconds a denial is reused"),
+    ("--cert-dir", "CERT_DIR", str, "certs", "directory holding tls.crt and tls.key"),
+    ("--kubeconfig", "KUBECONFIG", str, "", "kubeconfig file (default: in-cluster, "
+     "else $KUBECONFIG, else no cluster)"),
+    ("--namespace", "NAMESPACE", str, "", "the service's namespace, where its Lease lives "
+     "(default: the pod's, else default)"),
+    ("--watch-namespaces", "WATCH_NAMESPACES", _names, "",
+     "comma-separated namespaces whose TrainJobs are served (default: all)"),
+    ("--reconcile", "RECONCILE", _bool, "true",
+     "run the reconciler (Workloads and PodGroups); false: webhooks only"),
+    ("--workers", "WORKERS", _positive(int), "4", "TrainJobs reconciled at once"),
+    ("--qps", "QPS", _positive(float), "20", "the reconciler's API writes per second"),
+    ("--burst", "BURST", _positive(int), "30", "writes allowed at once above --qps"),
+    ("--leader-elect", "LEADER_ELECT", _bool, "true",
+     "reconcile only while holding the Lease (false: a single replica)"),
+    ("--lease-name", "LEASE_NAME", str, "trainjob-scheduling-webhook", "the Lease's name"),
+    ("--lease-duration", "LEASE_DURATION", _positive(float), "15",
+     "seconds a leader's Lease lasts without renewal"),
+    ("--renew-deadline", "RENEW_DEADLINE", _positive(float), "10",
+     "seconds the leader keeps trying to renew before it stops reconciling"),
+    ("--retry-period", "RETRY_PERIOD", _positive(float), "2",
+     "seconds between Lease attempts"),
+    ("--discovery-period", "DISCOVERY_PERIOD", _positive(float), "60",
+     "seconds between checks that scheduling.k8s.io/v1beta1 is served"),
+    ("--resync-period", "RESYNC_PERIOD", _positive(float), "600",
+     "seconds between passes over every TrainJob"),
+    ("--cert-poll-seconds", "CERT_POLL_SECONDS", _positive(float), "5",
+     "how often tls.* are re-read"),
+    ("--shutdown-delay", "SHUTDOWN_DELAY", _at_least_zero, "0",
+     "seconds to keep serving, not ready, after SIGTERM (endpoint removal)"),
+    ("--shutdown-timeout", "SHUTDOWN_TIMEOUT", _positive(float), "25",
+     "seconds in-flight reviews get to finish on SIGTERM"),
+    ("--max-body-bytes", "MAX_BODY_BYTES", _positive(int), str(6 * 1024 * 1024),
+     "larger AdmissionReview bodies get 413"),
+    ("--header-timeout", "HEADER_TIMEOUT", _positive(float), "10",
+     "seconds a request's headers may take (slow clients get 408)"),
+    ("--body-timeout", "BODY_TIMEOUT", _positive(float), "10",
+     "seconds a request's body may take (slow clients get 408)"),
+    ("--log-level", "LOG_LEVEL", str.lower, "info", "debug, info, warning or error"),
+]  # fmt: skip
+CONFIG_KEYS = {flag[2:] for flag, *_ in _SERVE_OPTIONS}
+
+
+def _add_serve(commands: Any, config: dict[str, Any]) -> None:
     serve = commands.add_parser(
         "serve",
-        help="serve the admission webhooks over TLS",
-        description="Serve the admission webhooks over TLS, with health probes over plain HTTP. "
-        "Every flag can also be set by the environment variable shown.",
+        help="serve the admission webhooks over TLS and reconcile Workloads and PodGroups",
+        description="Serve the admission webhooks and metrics over TLS, health probes over plain "
+        "HTTP, and run the reconciler. Each option comes from its flag, else the environment "
+        "variable shown, else the --config file (YAML, keys as the flag names without --), "
+        "else the default.",
     )
-    opts: list[tuple[str, str, Any, str, str]] = [
-        ("--host", "HOST", str, "0.0.0.0", "address to listen on"),
-        ("--port", "PORT", _port, "9443", "webhook (TLS) port"),
-        ("--health-port", "HEALTH_PORT", _port, "8081", "plain-HTTP port for /healthz and /readyz"),
-        ("--cert-dir", "CERT_DIR", str, "certs", "directory holding tls.crt and tls.key"),
-        ("--kubeconfig", "KUBECONFIG", str, "", "kubeconfig file (default: in-cluster, "
-         "else $KUBECONFIG, else no cluster)"),
-        ("--cert-poll-seconds", "CERT_POLL_SECONDS", _positive(float), "5",
-         "how often tls.* are re-read"),
-        ("--shutdown-delay", "SHUTDOWN_DELAY", _at_least_zero, "0",
-         "seconds to keep serving, not ready, after SIGTERM (endpoint removal)"),
-        ("--shutdown-timeout", "SHUTDOWN_TIMEOUT", _positive(float), "25",
-         "seconds in-flight reviews get to finish on SIGTERM"),
-        ("--max-body-bytes", "MAX_BODY_BYTES", _positive(int), str(6 * 1024 * 1024),
-         "larger AdmissionReview bodies get 413"),
-        ("--header-timeout", "HEADER_TIMEOUT", _positive(float), "10",
-         "seconds a request's headers may take (slow clients get 408)"),
-        ("--body-timeout", "BODY_TIMEOUT", _positive(float), "10",
-         "seconds a request's body may take (slow clients get 408)"),
-    ]  # fmt: skip
-    # String defaults go through `type` too, so a bad environment value is a usage error.
-    for flag, env, kind, default, text in opts:
-        serve.add_argument(
-            flag, type=kind, default=_env(env, default), help=f"{text} [$WEBHOOK_{env}]"
-        )
     serve.add_argument(
-        "--log-level",
-        choices=["debug", "info", "warning", "error"],
-        type=str.lower,
-        default=_env("LOG_LEVEL", "info").lower(),
-        help="[$WEBHOOK_LOG_LEVEL]",
+        "--config", metavar="FILE", help="YAML file of option defaults [$WEBHOOK_CONFIG]"
     )
+    # String defaults go through `type` too, so a bad environment or file value is a usage error.
+    for flag, env, kind, default, text in _SERVE_OPTIONS:
+        value = config.get(flag[2:], default)
+        if isinstance(value, list):
+            value = ",".join(str(v) for v in value)
+        extra: dict[str, Any] = {}
+        if flag == "--log-level":
+            extra["choices"] = ["debug", "info", "warning", "error"]
+        if kind is _bool:
+            extra["nargs"] = "?"  # `--reconcile` alone means true
+            extra["const"] = "true"
+        serve.add_argument(
+            flag,
+            type=kind,
+            default=_env(env, str(value).lower() if isinstance(value, bool) else str(value)),
+            help=f"{text} [$WEBHOOK_{env}] (default: %(default)s)",
+            **extra,
+        )
+
+
+def load_config(argv: Sequence[str]) -> dict[str, Any]:
+    """The `serve` defaults in the file named by --config (or $WEBHOOK_CONFIG), if any."""
+    path = os.environ.get("WEBHOOK_CONFIG")
+    for i, arg in enumerate(argv):
+        if arg == "--config" and i + 1 < len(argv):
+            path = argv[i + 1]
+        elif arg.startswith("--config="):
+            path = arg.split("=", 1)[1]
+    if not path:
+        return {}
+    try:
+        with open(path, encoding="utf-8") as handle:
+            config = yaml.safe_load(handle) or {}
+    except OSError as exc:
+        raise UsageError(f"cannot read the config file {path}: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise UsageError(f"the config file {path} is not valid YAML: {exc}") from exc
+    if not isinstance(config, dict):
+        raise UsageError(f"the config file {path} must be a mapping of option names to values")
+    config = {str(k).replace("_", "-"): v for k, v in config.items()}
+    unknown = sorted(set(config) - CONFIG_KEYS)
+    if unknown:
+        raise UsageError(f"the config file {path} has unknown options: {', '.join(unknown)}")
+    return config
 
 
 def _add_certs(commands: Any) -> None:
@@ -246,17 +340,42 @@ def _add_certs(commands: Any) -> None:
 
 
 def serve_command(args: argparse.Namespace) -> int:
+    from .metrics.auth import AuthSettings
     from .server import logs
     from .server.app import Limits
-    from .server.run import Settings, StartupError, serve
+    from .server.run import ReconcileSettings, Settings, StartupError, serve
 
     logs.configure(args.log_level)
+    auth = AuthSettings(
+        audiences=args.metrics_token_audiences,
+        token_ttl=args.metrics_token_ttl,
+        allow_ttl=args.metrics_allow_ttl,
+        deny_ttl=args.metrics_deny_ttl,
+    )
+    reconcile = ReconcileSettings(
+        enabled=args.reconcile,
+        namespaces=args.watch_namespaces,
+        workers=args.workers,
+        qps=args.qps,
+        burst=args.burst,
+        discovery_period=args.discovery_period,
+        resync_period=args.resync_period,
+        leader_elect=args.leader_elect,
+        lease_name=args.lease_name,
+        lease_duration=args.lease_duration,
+        renew_deadline=args.renew_deadline,
+        retry_period=args.retry_period,
+    )
     settings = Settings(
         host=args.host,
         port=args.port,
         health_port=args.health_port,
+        metrics_port=args.metrics_port,
+        metrics_auth=auth if args.metrics_auth else None,
         cert_dir=pathlib.Path(args.cert_dir),
         kubeconfig=args.kubeconfig or None,
+        namespace=args.namespace,
+        reconcile=reconcile,
         cert_poll_seconds=args.cert_poll_seconds,
         shutdown_timeout=args.shutdown_timeout,
         shutdown_delay=args.shutdown_delay,
@@ -293,7 +412,13 @@ def certs_command(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    try:
+        config = load_config(arguments) if arguments[:1] == ["serve"] else {}
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    args = build_parser(config).parse_args(arguments)
     try:
         if args.command == "plan":
             return plan_command(args.files, sys.stdout, sys.stderr)

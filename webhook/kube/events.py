@@ -86,11 +86,10 @@ class EventRecorder:
                 continue
             body: Any = event  # the client serialises a plain dict as it is
             try:
-                await asyncio.wait_for(
-                    self.events.create_namespaced_event(
-                        event["metadata"]["namespace"], body, _request_timeout=self.timeout
-                    ),
-                    self.timeout + 1,
+                # The client's own timeout (not wait_for, which on Python 3.11 can swallow the
+                # cancellation that stops this loop).
+                await self.events.create_namespaced_event(
+                    event["metadata"]["namespace"], body, _request_timeout=self.timeout
                 )
             except asyncio.CancelledError:
                 raise

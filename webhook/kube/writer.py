@@ -111,5 +111,6 @@ class ApiWriter:
 
     async def _call(self, method: Callable[..., Awaitable[Any]], *args: Any, **kw: Any) -> Any:
         await self.bucket.acquire()
-        timeout = self.settings.timeout
-        return await asyncio.wait_for(method(*args, _request_timeout=timeout, **kw), timeout + 1)
+        # The client's own (aiohttp) timeout covers the whole request; wait_for would risk
+        # swallowing a cancellation on Python 3.11.
+        return await method(*args, _request_timeout=self.settings.timeout, **kw)

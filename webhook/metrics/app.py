@@ -6,17 +6,16 @@ it on the webhooks' reloading certificate.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Iterator, MutableMapping
-from typing import Any
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any, Protocol
 
 import uvicorn
 
 from ..server.logs import FIELDS
-from ..server.protocol import with_header_timeout
+from ..server.servers import server
 from ..tls.reload import ReloadingContext
-from .auth import Authorizer
+from .auth import AuthResult
 from .registry import Metrics
 
 log = logging.getLogger("webhook.metrics")
@@ -55,10 +54,14 @@ async def _text(
     await _send(send, status, f"{message}\n".encode(), "text/plain; charset=utf-8", extra or [])
 
 
+class Checker(Protocol):
+    async def check(self, authorization_header: str | None, path: str, verb: str) -> AuthResult: ...
+
+
 class MetricsApp:
     """`GET /metrics`; `authorizer` None serves everyone (local use only)."""
 
-    def __init__(self, metrics: Metrics, authorizer: Authorizer | None) -> None:
+    def __init__(self, metrics: Metrics, authorizer: Checker | None) -> None:
         self.metrics = metrics
         self.authorizer = authorizer
 
@@ -85,29 +88,16 @@ class MetricsApp:
         await _send(send, 200, body, content_type, [])
 
 
-class _Server(uvicorn.Server):
-    """uvicorn without its own signal handling: the service decides when its servers stop."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
 def metrics_server(
     app: ASGIApp, host: str, port: int, tls: ReloadingContext, header_timeout: float = 10.0
 ) -> uvicorn.Server:
-    """uvicorn for `app` on `tls`'s certificate (new connections get a rotated one), configured
-    as the webhook server is. Serve it with `await server.serve([listen(host, port)])`; stop it
-    with `server.should_exit = True`."""
-    config = uvicorn.Config(
-        app,
-        host=host,
-        port=port,
-        http=with_header_timeout(header_timeout),
-        ssl_context_factory=lambda config, default: tls.context,
-        log_config=None,
-        access_log=False,
-        lifespan="off",
-        proxy_headers=False,
-    )
-    return _Server(config)
+    """uvicorn for `app` on `tls`'s certificate, configured as the webhook server is."""
+    return server(app, host, port, header_timeout, tls)
+
+
+class NoCluster:
+    """The authorizer when authentication is on but there is no cluster to ask: every scrape
+    gets 503, never an allow (turn authentication off for local use instead)."""
+
+    async def check(self, authorization_header: str | None, path: str, verb: str) -> AuthResult:
+        return AuthResult(503, "no cluster to check the token with (TokenReview)")

@@ -20,7 +20,7 @@ from ..backends.native import NativeBackend, pod_group, workload
 from ..core.defaults import controller_ref, is_trainjob_ref
 from ..core.drift import Drift, controlled_by, pod_group_drift, workload_drift
 from ..core.fields import parse
-from ..core.lifecycle import wants_gang
+from ..core.lifecycle import is_finished, wants_gang
 from ..core.plan import Plan, PlanningError, build_plan
 from ..core.snapshot import from_annotations, snapshot
 from ..core.trainer import TrainJob
@@ -78,6 +78,9 @@ class Reconciler:
         self.workloads = OwnerIndex(cache.workloads)
         self.pod_groups = OwnerIndex(cache.pod_groups)
         self._deleted: set[str] = set()  # uids deleted whose DELETED event has not come yet
+        # Objects created whose ADDED event has not come yet: the next pass must not create
+        # them again (client-go's "expectations").
+        self._created: dict[tuple[str, str, str], JsonObject] = {}
         self._waiting: dict[tuple[str, str, str], set[Key]] = {}  # runtime -> TrainJobs
         cache.trainjobs.subscribe(self._trainjob_changed)
         cache.workloads.subscribe(self._owned_changed)
@@ -170,8 +173,10 @@ class Reconciler:
         runtime = from_annotations(trainjob.metadata.annotations)
         wanted = wants_gang(trainjob) and trainjob.spec.managed_by != MULTIKUEUE
         if runtime is None:
-            if not wanted and not self._owned(trainjob.metadata.uid):
+            if is_finished(trainjob) and not self._owned(trainjob.metadata.uid):
                 return DONE  # finished before we ever saw it: nothing to make or remove
+            # Suspended ones too (Kueue creates TrainJobs suspended): the runtime is frozen when
+            # the TrainJob is new, not when quota lets it run.
             runtime_or_wait = await self._take_snapshot(key, raw, trainjob)
             if isinstance(runtime_or_wait, Result):
                 return runtime_or_wait
@@ -322,6 +327,7 @@ class Reconciler:
                 return None
             raise
         meta = obj["metadata"]
+        self._created[(obj["kind"], meta["namespace"], meta["name"])] = created
         note = f"created {obj['kind']} {meta['name']!r}"
         self.events.record(trainjob, "Normal", "Created", "Create", note)
         return created
@@ -342,7 +348,9 @@ class Reconciler:
     def _stored(self, kind: str, namespace: str, name: str) -> JsonObject | None:
         store = self.cache.workloads if kind == "Workload" else self.cache.pod_groups
         entry = store.get(namespace, name)
-        return entry.raw if entry is not None else None
+        if entry is not None:
+            return entry.raw
+        return self._created.get((kind, namespace, name))
 
     def _owned(self, uid: str) -> bool:
         return bool(self.workloads.owned_by(uid) or self.pod_groups.owned_by(uid))
@@ -359,9 +367,13 @@ class Reconciler:
     def _owned_changed(
         self, event: EventType, old: JsonObject | None, new: JsonObject | None
     ) -> None:
-        if event == "DELETED" and old is not None:
-            self._deleted.discard(_meta(old).get("uid", ""))
         obj = new or old or {}
+        meta = _meta(obj)
+        self._created.pop(
+            (obj.get("kind", ""), meta.get("namespace", ""), meta.get("name", "")), None
+        )
+        if event == "DELETED":
+            self._deleted.discard(meta.get("uid", ""))
         owner = controller_ref(obj)
         if owner is None or not is_trainjob_ref(owner) or self.queue is None:
             return

@@ -1,7 +1,9 @@
-"""`serve`: the webhooks over TLS, the probes over plain HTTP, the cache's watches; one process.
+"""`serve`: one process runs the webhooks over TLS, the metrics over TLS, the probes over plain
+HTTP, the cache's watches, discovery, and (while it holds the Lease) the reconciler.
 
 Shutdown (SIGTERM or SIGINT): /readyz turns false; after `shutdown_delay` the TLS listener
-closes, in-flight reviews finish (up to `shutdown_timeout`), then the probes and the watches stop.
+closes, in-flight reviews finish (up to `shutdown_timeout`), then the probes, the metrics, the
+watches and the reconciler stop, and the Lease is released so another replica leads at once.
 """
 
 from __future__ import annotations
@@ -10,23 +12,51 @@ import asyncio
 import contextlib
 import logging
 import math
+import os
 import signal
 import socket
-from collections.abc import Callable, Iterator
+import uuid
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import uvicorn
+from kubernetes.aio.client import ApiClient
 
-from ..kube.cache import Cache, Store
-from ..kube.client import connect, informers
+from ..kube.cache import Cache, GangApi, Store
+from ..kube.client import connect, informers, scheduling_informers
+from ..kube.discovery import GangApiWatch
+from ..kube.events import EventRecorder
+from ..kube.leader import LeaderElector, LeaseSettings
+from ..kube.writer import ApiWriter, WriterSettings
+from ..metrics.app import Checker, MetricsApp, NoCluster
+from ..metrics.auth import Authorizer, AuthSettings
+from ..metrics.gangs import GangTracker
+from ..metrics.registry import Metrics
+from ..reconcile.reconciler import CONTROLLER, Reconciler, ReconcilerSettings
 from ..tls.reload import ReloadingContext
 from .app import Limits, Readiness, admission_app, health_app
-from .protocol import with_header_timeout
 from .reviewlog import ReviewLog
+from .servers import QuietServer, server
 
 log = logging.getLogger("webhook.serve")
+SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+@dataclass(frozen=True)
+class ReconcileSettings:
+    enabled: bool = True
+    namespaces: tuple[str, ...] = ()  # watched namespaces; empty: all
+    workers: int = 4
+    qps: float = 20.0  # client-side limit on the reconciler's writes, as client-go's
+    burst: int = 30
+    discovery_period: float = 60.0
+    resync_period: float = 600.0
+    leader_elect: bool = True
+    lease_name: str = "trainjob-scheduling-webhook"
+    lease_duration: float = 15.0
+    renew_deadline: float = 10.0
+    retry_period: float = 2.0
 
 
 @dataclass(frozen=True)
@@ -34,35 +64,21 @@ class Settings:
     host: str = "0.0.0.0"
     port: int = 9443
     health_port: int = 8081
+    metrics_port: int = 8443
+    metrics_auth: AuthSettings | None = field(default_factory=AuthSettings)  # None: no auth
     cert_dir: Path = Path("certs")
     kubeconfig: str | None = None
+    namespace: str = ""  # the service's own (the Lease's); empty: the pod's, else "default"
     cert_poll_seconds: float = 5.0
     header_timeout: float = 10.0  # a request's headers must arrive within this (slowloris)
     shutdown_timeout: float = 25.0  # under the pod's default 30 s grace period
     shutdown_delay: float = 0.0  # keep serving (not ready) this long after SIGTERM
     limits: Limits = field(default_factory=Limits)
+    reconcile: ReconcileSettings = field(default_factory=ReconcileSettings)
 
 
-class _Server(uvicorn.Server):
-    """uvicorn without its own signal handling: `Service` decides when both servers stop."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
-def _config(app: Any, settings: Settings, port: int, **extra: Any) -> uvicorn.Config:
-    """uvicorn as both servers run it: our logs only, no lifespan, a deadline for headers."""
-    return uvicorn.Config(
-        app,
-        host=settings.host,
-        port=port,
-        http=with_header_timeout(settings.header_timeout),
-        log_config=None,
-        access_log=False,
-        lifespan="off",
-        **extra,
-    )
+def _server(app: Any, settings: Settings, port: int, **extra: Any) -> QuietServer:
+    return server(app, settings.host, port, settings.header_timeout, **extra)
 
 
 def _synced(store: Store) -> Callable[[], bool]:
@@ -76,30 +92,33 @@ class Service:
         cache: Cache,
         tls: ReloadingContext,
         review_log: ReviewLog | None = None,
+        metrics: Metrics | None = None,
+        authorizer: Checker | None = None,
     ) -> None:
         self.settings = settings
         self.cache = cache
         self.tls = tls
+        self.metrics = metrics or Metrics()
         self.stopping = False
         checks: dict[str, Callable[[], bool]] = {"certificate": lambda: tls.loaded}
         checks.update({f"cache:{store.resource}": _synced(store) for store in cache.stores})
         checks["not-stopping"] = lambda: not self.stopping
         self.readiness = Readiness(checks)
         s = settings
-        self.webhooks = _Server(
-            _config(
-                admission_app(cache, s.limits, review_log),
-                s,
-                s.port,
-                ssl_context_factory=lambda config, default: tls.context,
-                timeout_graceful_shutdown=math.ceil(s.shutdown_timeout),
-                # Longer than the API server's idle connections (Go: 90 s), so it never sends a
-                # review on a connection this end is closing.
-                timeout_keep_alive=100,
-                proxy_headers=False,  # the API server talks to us directly; no extra layer
-            )
+        self.webhooks = _server(
+            admission_app(cache, s.limits, review_log, metrics=self.metrics),
+            s,
+            s.port,
+            tls=tls,
+            timeout_graceful_shutdown=math.ceil(s.shutdown_timeout),
+            # Longer than the API server's idle connections (Go: 90 s), so it never sends a
+            # review on a connection this end is closing.
+            timeout_keep_alive=100,
         )
-        self.probes = _Server(_config(health_app(self.readiness), s, s.health_port))
+        self.probes = _server(health_app(self.readiness), s, s.health_port)
+        self.metrics_server = _server(
+            MetricsApp(self.metrics, authorizer), s, s.metrics_port, tls=tls
+        )
 
     def stop(self) -> None:
         """Not ready at once; after `shutdown_delay` (time for the endpoints to drop this pod)
@@ -118,14 +137,15 @@ class Service:
 
     async def run(self, background: list[asyncio.Task[None]]) -> None:
         s = self.settings
-        sockets = [listen(s.host, s.port), listen(s.host, s.health_port)]
+        sockets = [listen(s.host, port) for port in (s.port, s.health_port, s.metrics_port)]
         watcher = asyncio.create_task(self._watch_certificate())
-        probes = asyncio.create_task(self.probes.serve(sockets[1:]))
+        probes = asyncio.create_task(self.probes.serve(sockets[1:2]))
+        metrics = asyncio.create_task(self.metrics_server.serve(sockets[2:]))
         try:
             await self.webhooks.serve(sockets[:1])
         finally:
-            self.probes.should_exit = True
-            await probes
+            self.probes.should_exit = self.metrics_server.should_exit = True
+            await asyncio.gather(probes, metrics)
             for task in [watcher, *background]:
                 task.cancel()
             await asyncio.gather(watcher, *background, return_exceptions=True)
@@ -157,19 +177,117 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+def own_namespace(configured: str, environ: Mapping[str, str] | None = None) -> str:
+    """--namespace, else the pod's (downward API or service account), else "default"."""
+    env = os.environ if environ is None else environ
+    if configured:
+        return configured
+    if env.get("POD_NAMESPACE"):
+        return env["POD_NAMESPACE"]
+    with contextlib.suppress(OSError):
+        return SERVICE_ACCOUNT_NAMESPACE.read_text().strip() or "default"
+    return "default"
+
+
+def identity(environ: Mapping[str, str] | None = None) -> str:
+    """This replica's name in the Lease and in Events: the pod name, made unique per start."""
+    env = os.environ if environ is None else environ
+    host = env.get("POD_NAME") or env.get("HOSTNAME") or socket.gethostname()
+    return f"{host}_{uuid.uuid4().hex[:8]}"
+
+
+def background(
+    api: ApiClient, cache: Cache, settings: Settings, metrics: Metrics
+) -> list[Coroutine[Any, Any, None]]:
+    """The watches, discovery and (when enabled) the leader-elected reconciler."""
+    r = settings.reconcile
+
+    def restarted(resource: str) -> None:
+        metrics.watch_restarts.labels(resource=resource).inc()
+
+    jobs: list[Coroutine[Any, Any, None]] = [
+        i.run() for i in informers(api, cache, r.namespaces, restarted)
+    ]
+    reconciler: Reconciler | None = None
+    me = identity()
+    if r.enabled:
+        events = EventRecorder(
+            api,
+            CONTROLLER,
+            me,
+            on_event=lambda reason: metrics.events.labels(reason=reason).inc(),
+        )
+        writer = ApiWriter(api, WriterSettings(qps=r.qps, burst=r.burst))
+        reconciler = Reconciler(
+            cache,
+            writer,
+            events,
+            ReconcilerSettings(workers=r.workers, resync_period=r.resync_period),
+            metrics=metrics,
+        )
+        jobs.append(events.run())
+
+    def gang_api_changed(state: GangApi) -> None:
+        metrics.gang_api_available.set(1 if state == "served" else 0)
+        if state == "served" and reconciler is not None:
+            reconciler.resync()
+
+    metrics.gang_api_available.set(0)
+    jobs.append(
+        GangApiWatch(
+            api,
+            cache,
+            lambda: scheduling_informers(api, cache, r.namespaces, restarted),
+            period=r.discovery_period,
+            on_change=gang_api_changed,
+        ).run()
+    )
+    if reconciler is None:
+        return jobs
+    if not r.leader_elect:
+        jobs.append(reconciler.run())
+        return jobs
+    lease = LeaseSettings(
+        namespace=own_namespace(settings.namespace),
+        name=r.lease_name,
+        identity=me,
+        lease_duration=r.lease_duration,
+        renew_deadline=r.renew_deadline,
+        retry_period=r.retry_period,
+    )
+    leader = metrics.leader.labels(name=r.lease_name)
+    leader.set(0)
+    elector = LeaderElector(api, lease, on_change=lambda leading: leader.set(int(leading)))
+    jobs.append(elector.run(reconciler.run))
+    return jobs
+
+
 async def serve(settings: Settings) -> None:
-    tls = ReloadingContext(settings.cert_dir / "tls.crt", settings.cert_dir / "tls.key")
+    metrics = Metrics()
+    tls = ReloadingContext(settings.cert_dir / "tls.crt", settings.cert_dir / "tls.key", metrics)
     tls.reload()
     try:
         api = await connect(settings.kubeconfig)
     except Exception as err:  # the client's loaders raise anything from ConfigException to OSError
         raise StartupError(f"cannot load the cluster configuration: {err}") from None
     cache = Cache(connected=api is not None)
-    service = Service(settings, cache, tls)
+    GangTracker(metrics, cache.pod_groups)
+    authorizer: Checker | None = None
+    if settings.metrics_auth is not None:
+        if api is None:
+            log.warning(
+                "metrics authentication is on but there is no cluster: /metrics answers 503 "
+                "(for local use, --metrics-auth=false)"
+            )
+            authorizer = NoCluster()
+        else:
+            authorizer = Authorizer(api, settings.metrics_auth)
+    service = Service(settings, cache, tls, metrics=metrics, authorizer=authorizer)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, service.stop)
-    tasks = [asyncio.create_task(i.run()) for i in informers(api, cache)] if api else []
+    jobs = background(api, cache, settings, metrics) if api else []
+    tasks = [asyncio.create_task(job) for job in jobs]
     try:
         await service.run(tasks)
     finally:

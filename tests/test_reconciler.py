@@ -1,0 +1,498 @@
+"""The reconciler against an API server over HTTP (the kmock emulator with real resourceVersions,
+uids, JSON Patch, conflicts and owner-reference garbage collection; tests/kube_emulator.py).
+
+Each test runs the real chain: informers fill the cache, the reconciler's workers write through
+`ApiWriter`, the watches bring the results back. Assertions read the emulator's stored objects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import kmock
+import pytest
+from kmock._internal.rendering import Response
+from kubernetes.aio.client import ApiClient, Configuration
+
+from tests.harness import fixture
+from tests.kube_emulator import (
+    CLUSTER_RUNTIMES,
+    EVENTS,
+    POD_GROUPS,
+    TRAINJOBS,
+    WORKLOADS,
+    VersionedEmulator,
+    create,
+    delete,
+    emulator,
+    next_requests,
+    patch,
+    status,
+)
+from webhook.core.snapshot import SNAPSHOT_ANNOTATION
+from webhook.kube.cache import Cache
+from webhook.kube.client import informers, scheduling_informers
+from webhook.kube.events import EventRecorder
+from webhook.kube.writer import ApiWriter, WriterSettings
+from webhook.reconcile.reconciler import CONTROLLER, Reconciler, ReconcilerSettings
+
+pytestmark = pytest.mark.asyncio
+
+NS, NAME = "team-a", "my-job"
+WORKLOAD = POD_GROUP = "my-job-f438be8c51"  # level 1: the Workload, its template and PodGroup
+CREATE, UPDATE, DELETE = kmock.action.CREATE, kmock.action.UPDATE, kmock.action.DELETE
+
+
+def cluster_runtime(name: str = "torch-distributed") -> dict[str, Any]:
+    """Level 1: one gang of every pod, zone topology, disruptionMode all."""
+    review = fixture("clustertrainingruntime-update-server-side-apply.validate.json")
+    obj: dict[str, Any] = copy.deepcopy(review["request"]["object"])
+    obj["metadata"] = {"name": name}
+    return obj
+
+
+def trainjob(name: str = NAME, *, suspend: bool = False) -> dict[str, Any]:
+    """numNodes 100 on torch-distributed."""
+    obj: dict[str, Any] = copy.deepcopy(
+        fixture("trainjob-create.validate.json")["request"]["object"]
+    )
+    obj["metadata"] = {"name": name, "namespace": NS}
+    obj["spec"]["suspend"] = suspend
+    obj.pop("status", None)
+    return obj
+
+
+@dataclass
+class World:
+    """One replica's worth of reconciler: its own client, cache, watches and workers."""
+
+    k: VersionedEmulator
+    url: str
+    settings: ReconcilerSettings = field(
+        default_factory=lambda: ReconcilerSettings(workers=2, conflict_retry=0.2, wait_retry=0.05)
+    )
+    writer_timeout: float = 10.0
+    cache: Cache = field(init=False)
+    reconciler: Reconciler = field(init=False)
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    async def start(self, *, reconcile: bool = True) -> World:
+        self.api = ApiClient(configuration=Configuration(host=self.url))
+        self.cache = Cache(connected=True)
+        self.cache.gang_api = "served"
+        self.events = EventRecorder(self.api, CONTROLLER, "test-replica", dedupe_for=0.0)
+        writer = ApiWriter(self.api, WriterSettings(timeout=self.writer_timeout))
+        self.reconciler = Reconciler(self.cache, writer, self.events, self.settings)
+        watches = [*informers(self.api, self.cache), *scheduling_informers(self.api, self.cache)]
+        self.tasks = [asyncio.create_task(i.run()) for i in watches]
+        self.tasks.append(asyncio.create_task(self.events.run()))
+        if reconcile:
+            self.tasks.append(asyncio.create_task(self.reconciler.run()))
+        return self
+
+    async def stop(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        close: Any = self.api.close
+        await close()
+
+
+@contextlib.asynccontextmanager
+async def world(**kw: Any) -> AsyncIterator[World]:
+    async with emulator() as (k, url):
+        w = await World(k, url, **kw).start()
+        try:
+            yield w
+        finally:
+            await w.stop()
+
+
+async def eventually(check: Callable[[], Any], what: str, timeout: float = 10.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout}s: {what}")
+        await asyncio.sleep(0.02)
+
+
+def stored(k: VersionedEmulator, resource: kmock.resource, name: str) -> dict[str, Any] | None:
+    """What the emulator holds now (read directly: the test's view, not a client's)."""
+    for (r, ns, n), obj in list(k.objects.items()):
+        if (r, ns, n) == (resource, NS, name) and not obj.deleted:
+            raw: dict[str, Any] = obj.raw
+            return raw
+    return None
+
+
+def objects(k: VersionedEmulator, resource: kmock.resource) -> list[dict[str, Any]]:
+    return [
+        obj.raw for (r, _, _), obj in list(k.objects.items()) if r == resource and not obj.deleted
+    ]
+
+
+def events(k: VersionedEmulator, reason: str) -> list[dict[str, Any]]:
+    return [e for e in objects(k, EVENTS) if e.get("reason") == reason]
+
+
+def writes(k: VersionedEmulator) -> int:
+    """Every create, update/patch and delete of Workloads and PodGroups so far."""
+    return sum(
+        len(k[action, r]) for action in (CREATE, UPDATE, DELETE) for r in (WORKLOADS, POD_GROUPS)
+    )
+
+
+def uid(obj: dict[str, Any] | None) -> str:
+    assert obj is not None
+    return str(obj["metadata"]["uid"])
+
+
+async def converged(
+    k: VersionedEmulator, min_count: int = 100
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    def both() -> Any:
+        wl, pg = stored(k, WORKLOADS, WORKLOAD), stored(k, POD_GROUPS, POD_GROUP)
+        if wl is None or pg is None:
+            return None
+        if pg["spec"]["schedulingPolicy"]["gang"]["minCount"] != min_count:
+            return None
+        return wl, pg
+
+    result: tuple[dict[str, Any], dict[str, Any]] = await eventually(both, "Workload and PodGroup")
+    return result
+
+
+async def quiet(k: VersionedEmulator, seconds: float = 0.5) -> int:
+    """Waits until no Workload/PodGroup write happened for `seconds`; returns the write count."""
+    last, since = writes(k), time.monotonic()
+    while time.monotonic() - since < seconds:
+        await asyncio.sleep(0.05)
+        now = writes(k)
+        if now != last:
+            last, since = now, time.monotonic()
+    return last
+
+
+# --- create --------------------------------------------------------------------------------------
+
+
+async def test_a_trainjob_gets_its_workload_and_podgroup_from_the_plan() -> None:
+    async with world() as w:
+        await create(w.k, CLUSTER_RUNTIMES, cluster_runtime())
+        await create(w.k, TRAINJOBS, trainjob())
+        wl, pg = await converged(w.k)
+        tj = stored(w.k, TRAINJOBS, NAME)
+        assert tj is not None
+        owner = {
+            "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "name": NAME,
+            "uid": uid(tj), "controller": True, "blockOwnerDeletion": True,
+        }  # fmt: skip
+        assert wl["metadata"]["ownerReferences"] == [owner]
+        assert wl["spec"]["controllerRef"] == {
+            "apiGroup": "trainer.kubeflow.org", "kind": "TrainJob", "name": NAME,
+        }  # fmt: skip
+        [template] = wl["spec"]["podGroupTemplates"]
+        assert template == {
+            "name": WORKLOAD,
+            "schedulingPolicy": {"gang": {"minCount": 100}},
+            "schedulingConstraints": {"topology": [{"key": "topology.kubernetes.io/zone"}]},
+            "disruptionMode": {"all": {}},
+        }
+        assert pg["metadata"]["ownerReferences"][0] == owner
+        assert pg["metadata"]["ownerReferences"][1]["uid"] == uid(wl)
+        assert pg["spec"]["workloadRef"] == {"workloadName": WORKLOAD, "templateName": WORKLOAD}
+        assert SNAPSHOT_ANNOTATION in tj["metadata"]["annotations"]
+        created = await eventually(lambda: len(events(w.k, "Created")) == 2, "two Created events")
+        assert created
+        event = events(w.k, "Created")[0]
+        assert event["regarding"]["uid"] == uid(tj)
+        assert event["reportingController"] == CONTROLLER and event["type"] == "Normal"
+
+
+async def test_a_second_pass_changes_nothing() -> None:
+    async with world() as w:
+        await create(w.k, CLUSTER_RUNTIMES, cluster_runtime())
+        await create(w.k, TRAINJOBS, trainjob())
+        wl, pg = await converged(w.k)
+        before = await quiet(w.k)
+        assert before == 2  # one create each, nothing else
+        await patch(w.k, TRAINJOBS, NS, NAME, {"metadata": {"labels": {"touched": "yes"}}})
+        w.reconciler.resync()
+        assert await quiet(w.k) == before
+        assert (uid(stored(w.k, WORKLOADS, WORKLOAD)), uid(stored(w.k, POD_GROUPS, POD_GROUP))) == (
+            uid(wl), uid(pg),
+        )  # fmt: skip
+
+
+async def test_a_trainjob_without_its_runtime_waits_for_it() -> None:
+    async with world() as w:
+        await create(w.k, TRAINJOBS, trainjob())
+        await eventually(lambda: events(w.k, "RuntimeNotFound"), "a RuntimeNotFound event")
+        assert writes(w.k) == 0
+        await create(w.k, CLUSTER_RUNTIMES, cluster_runtime())
+        await converged(w.k)
+
+
+# --- lifecycle -----------------------------------------------------------------------------------
+
+
+async def test_suspend_deletes_and_resume_recreates() -> None:
+    async with world() as w:
+        await create(w.k, CLUSTER_RUNTIMES, cluster_runtime())
+        await create(w.k, TRAINJOBS, trainjob())
+        wl, _ = await converged(w.k)
+        await patch(w.k, TRAINJOBS, NS, NAME, {"spec": {"suspend": True}})
+        await eventually(
+            lambda: not stored(w.k, WORKLOADS, WORKLOAD) and not stored(w.k, POD_GROUPS, POD_GROUP),
+            "both deleted on suspend",
+        )
+        await eventually(lambda: events(w.k, "Deleted"), "Deleted events")
+        await patch(w.k, TRAINJOBS, NS, NAME, {"spec": {"suspend": False}})
+        again, _ = await converged(w.k)
+        assert uid(again) != uid(wl)
+
+
+async def test_a_trainjob_created_suspended_gets_nothing_until_resumed() -> None:
+    async with world() as w:
+        await create(w.k, CLUSTER_RUNTIMES, cluster_runtime())
+        await create(w.k, TRAINJOBS, trainjob(suspend=True))
+        tj = await eventually(
+            lambda: (
+                (t := stored(w.k, TRAINJOBS, NAME))
+                and SNAPSHOT_ANNOTATION in (t["metadata"].get("annotations") or {})
+                and t
+            ),
+            "the runtime snapshot, taken at once even while suspended",
+        )
+        assert tj and await quiet(w.k, 0.3) == 0
+        await patch(w.k, TRAINJOBS, NS, NAME, {"spec": {"suspend": False}})
+        await converged(w.k)
+
+
+@pytest.mark.parametrize("condition", ["Complete", "Failed"])
+async def test_a_finished_trainjob_releases_its_gang(condition: str) -> None:
+    async with world() as w:
+        await create(w.k, CLUSTER_RUNTIMES, cluster_runtime())
+        await create(w.k, TRAINJOBS, trainjob())
+        await converged(w.k)
+        finished = {"status": {"conditions": [{"type": condition, "status": "True"}]}}
+        await patch(w.k, TRAINJOBS, NS, NAME, finished)
+        await eventually(
+            lambda: not stored(w.k, WORKLOADS, WORKLOAD) and not stored(w.k, POD_GROUPS, POD_GROUP),
+            "both deleted when finished",
+        )
+        assert await quiet(w.k) == 4  # two creates, two deletes: nothing made again
+
+
+async def test_deleting_the_trainjob_leaves_cleanup_to_garbage_collection() -> None:
+    async with world() as w:
+        await create(w.k, CLUSTER_RUNTIMES, cluster_runtime())
+        await create(w.k, TRAINJOBS, trainjob())
+        await converged(w.k)
+        await delete(w.k, TRAINJOBS, NS, NAME)
+        await eventually(
+            lambda: not objects(w.k, WORKLOADS) and not objects(w.k, POD_GROUPS),
+            "the garbage collector removes what the TrainJob owned",
+        )
+        assert len(w.k[DELETE, WORKLOADS]) == 0  # the reconciler did not delete them itself
+
+
+# --- drift ---------------------------------------------------------------------------------------
+
+
+async def test_a_changed_min_count_is_patched_back_in_place() -> None:
+    async with world() as w:
+        await create(w.k, CLUSTER_RUNTIMES, cluster_runtime())
+        await create(w.k, TRAINJOBS, trainjob())
+        wl, pg = await converged(w.k)
+        await patch(
+            w.k,
+            POD_GROUPS,
+            NS,
+            POD_GROUP,
+            {"spec": {"schedulingPolicy": {"gang": {"minCount": 3}}}},
+        )
+        await eventually(
+            lambda: (
+                (p := stored(w.k, POD_GROUPS, POD_GROUP))
+                and p["spec"]["schedulingPolicy"]["gang"]["minCount"] == 100
+            ),
+            "minCount restored",
+        )
+        assert uid(stored(w.k, POD_GROUPS, POD_GROUP)) == uid(pg)  # the same object
+        assert uid(stored(w.k, WORKLOADS, WORKLOAD)) == uid(wl)
+        await eventually(lambda: events(w.k, "Updated"), "an Updated event")
+
+
+async def test_server_defaults_are_not_drift() -> None:
+    async with world() as w:
+        await create(w.k, CLUSTER_RUNTIMES, cluster_runtime())
+        await create(w.k, TRAINJOBS, trainjob())
+        _, pg = await converged(w.k)
+        before = await quiet(w.k)
+        # What the Priority admission plugin and defaulting add to a stored PodGroup.
+        await patch(
+            w.k,
+            POD_GROUPS,
+            NS,
+            POD_GROUP,
+            {"spec": {"priority": 0, "preemptionPolicy": "PreemptLowerPriority"}},
+        )
+        assert await quiet(w.k) == before + 1  # our own patch only
+        assert uid(stored(w.k, POD_GROUPS, POD_GROUP)) == uid(pg)
+
+
+async def test_any_other_drift_deletes_and_recreates() -> None:
+    async with world() as w:
+        await create(w.k, CLUSTER_RUNTIMES, cluster_runtime())
+        await create(w.k, TRAINJOBS, trainjob())
+        wl, pg = await converged(w.k)
+        rack = {"topology": [{"key": "example.com/rack"}]}
+        await patch(w.k, POD_GROUPS, NS, POD_GROUP, {"spec": {"schedulingConstraints": rack}})
+
+        def recreated() -> Any:
+            p = stored(w.k, POD_GROUPS, POD_GROUP)
+            return (
+                p
+                and uid(p) != uid(pg)
+                and p["spec"]["schedulingConstraints"]["topology"][0]["key"]
+                == "topology.kubernetes.io/zone"
+            )
+
+        await eventually(recreated, "the PodGroup recreated as planned")
+        await converged(w.k)
+        assert uid(stored(w.k, WORKLOADS, WORKLOAD)) != uid(wl)  # rule 8(f): both go
+        await quiet(w.k)
+        assert len(objects(w.k, WORKLOADS)) == 1 and len(objects(w.k, POD_GROUPS)) == 1
+
+
+# --- ownership -----------------------------------------------------------------------------------
+
+
+async def test_a_foreign_object_with_our_name_is_left_alone_and_reported() -> None:
+    async with world() as w:
+        foreign = {
+            "apiVersion": "scheduling.k8s.io/v1beta1", "kind": "Workload",
+            "metadata": {"name": WORKLOAD, "namespace": NS},
+            "spec": {"podGroupTemplates": [{"name": "x", "schedulingPolicy": {"basic": {}}}]},
+        }  # fmt: skip
+        await create(w.k, WORKLOADS, foreign)
+        before = stored(w.k, WORKLOADS, WORKLOAD)
+        await create(w.k, CLUSTER_RUNTIMES, cluster_runtime())
+        await create(w.k, TRAINJOBS, trainjob())
+        conflict = (await eventually(lambda: events(w.k, "Conflict"), "a Conflict event"))[0]
+        assert conflict["type"] == "Warning" and WORKLOAD in conflict["note"]
+        await asyncio.sleep(0.5)  # several conflict retries
+        assert stored(w.k, WORKLOADS, WORKLOAD) == before  # untouched
+        assert not objects(w.k, POD_GROUPS)
+        assert len(w.k[UPDATE, WORKLOADS]) == 0 and len(w.k[DELETE, WORKLOADS]) == 0
+        await delete(w.k, WORKLOADS, NS, WORKLOAD)  # the owner of the foreign one gives way
+        wl, _ = await converged(w.k)
+        assert uid(wl) != uid(before)
+
+
+# --- API failures --------------------------------------------------------------------------------
+
+
+async def test_server_errors_are_retried_and_nothing_is_duplicated() -> None:
+    async with world() as w:
+        next_requests(w.k[CREATE, WORKLOADS], 2) << status(500)
+        next_requests(w.k[CREATE, POD_GROUPS], 1) << status(500)
+        await create(w.k, CLUSTER_RUNTIMES, cluster_runtime())
+        await create(w.k, TRAINJOBS, trainjob())
+        await converged(w.k)
+        await quiet(w.k)
+        assert len(objects(w.k, WORKLOADS)) == 1 and len(objects(w.k, POD_GROUPS)) == 1
+
+
+async def test_conflicts_and_timeouts_are_retried() -> None:
+    async with world(writer_timeout=0.3) as w:
+
+        async def slow(request: kmock.Request) -> Any:
+            await asyncio.sleep(2)
+            return Response(status=500, payload={})
+
+        next_requests(w.k[CREATE, POD_GROUPS], 1) << slow
+        await create(w.k, CLUSTER_RUNTIMES, cluster_runtime())
+        await create(w.k, TRAINJOBS, trainjob())
+        await converged(w.k)
+        await patch(
+            w.k,
+            POD_GROUPS,
+            NS,
+            POD_GROUP,
+            {"spec": {"schedulingPolicy": {"gang": {"minCount": 3}}}},
+        )
+        next_requests(w.k[UPDATE, POD_GROUPS], 1) << status(409)
+        await converged(w.k, 100)
+        await quiet(w.k)
+        assert len(objects(w.k, POD_GROUPS)) == 1
+
+
+async def test_dropped_watches_and_410_gone_lose_nothing() -> None:
+    async with world() as w:
+        await create(w.k, CLUSTER_RUNTIMES, cluster_runtime())
+        await eventually(lambda: w.k.open_watches >= 5, "all watches open")
+        w.k.drop_watches()
+        await create(w.k, TRAINJOBS, trainjob())
+        await converged(w.k)
+        w.k.compact()
+        w.k.drop_watches()  # they resume from a compacted version: 410, list again
+        await patch(w.k, TRAINJOBS, NS, NAME, {"spec": {"suspend": True}})
+        await eventually(lambda: not objects(w.k, WORKLOADS), "deleted after the relist")
+
+
+async def test_a_restart_midway_converges_to_the_same_objects() -> None:
+    async with emulator() as (k, url):
+        first = await World(k, url).start()
+        next_requests(k[CREATE, POD_GROUPS], 1) << status(500)
+        await create(k, CLUSTER_RUNTIMES, cluster_runtime())
+        await create(k, TRAINJOBS, trainjob())
+        wl = await eventually(lambda: stored(k, WORKLOADS, WORKLOAD), "the Workload")
+        await first.stop()  # gone midway: maybe before its PodGroup, maybe after a failed try
+        second = await World(k, url).start()
+        try:
+            await converged(k)
+            await quiet(k)
+            assert uid(stored(k, WORKLOADS, WORKLOAD)) == uid(wl)
+            assert len(objects(k, WORKLOADS)) == 1 and len(objects(k, POD_GROUPS)) == 1
+        finally:
+            await second.stop()
+
+
+# --- runtime edits -------------------------------------------------------------------------------
+
+
+async def test_a_runtime_edit_changes_only_trainjobs_created_afterwards() -> None:
+    async with world() as w:
+        await create(w.k, CLUSTER_RUNTIMES, cluster_runtime())
+        await create(w.k, TRAINJOBS, trainjob())
+        wl, _ = await converged(w.k)
+        before = await quiet(w.k)
+        rack = {"topology": [{"key": "example.com/rack"}]}
+        await patch(w.k, CLUSTER_RUNTIMES, None, "torch-distributed",
+                    {"spec": {"scheduling": {"schedulingConstraints": rack}}})  # fmt: skip
+        await create(w.k, TRAINJOBS, trainjob("later-job"))
+        later = await eventually(
+            lambda: [
+                x for x in objects(w.k, WORKLOADS) if x["metadata"]["name"].startswith("later-job")
+            ],
+            "the later TrainJob's Workload",
+        )
+        assert later[0]["spec"]["podGroupTemplates"][0]["schedulingConstraints"] == rack
+        await quiet(w.k)
+        old = stored(w.k, WORKLOADS, WORKLOAD)
+        assert old is not None and uid(old) == uid(wl)
+        assert old["spec"]["podGroupTemplates"][0]["schedulingConstraints"]["topology"][0][
+            "key"
+        ] == ("topology.kubernetes.io/zone")
+        assert writes(w.k) == before + 2  # the later TrainJob's two creates, nothing else
