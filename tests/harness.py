@@ -118,6 +118,7 @@ def running_server(
         host="127.0.0.1",
         port=free_port(),
         health_port=free_port(),
+        metrics_port=free_port(),
         cert_dir=cert_dir,
         cert_poll_seconds=cert_poll_seconds,
         shutdown_timeout=shutdown_timeout,
@@ -173,6 +174,7 @@ class ServerProcess:
     url: str
     health_url: str
     log_file: Path
+    metrics_url: str = ""
 
     def log_lines(self) -> list[dict[str, Any]]:
         # "\n" only: splitlines() would also cut at U+0085 or U+2028 inside a JSON string.
@@ -188,15 +190,22 @@ class ServerProcess:
 
 @contextlib.contextmanager
 def server_process(cert_dir: Path, *args: str, wait: bool = True) -> Iterator[ServerProcess]:
-    port, health = free_port(), free_port()
+    port, health, metrics = free_port(), free_port(), free_port()
     log_file = cert_dir.parent / f"serve-{port}.log"
-    env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+    env = {
+        k: v for k, v in os.environ.items() if k != "KUBECONFIG" and not k.startswith("WEBHOOK_")
+    }
     cmd = [sys.executable, "-m", "webhook", "serve", "--host", "127.0.0.1"]
-    cmd += ["--port", str(port), "--health-port", str(health), "--cert-dir", str(cert_dir), *args]
+    cmd += ["--port", str(port), "--health-port", str(health), "--metrics-port", str(metrics)]
+    cmd += ["--cert-dir", str(cert_dir), *args]
     with open(log_file, "wb") as log:
         process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env)
     proc = ServerProcess(
-        process, f"https://localhost:{port}", f"http://127.0.0.1:{health}", log_file
+        process,
+        f"https://localhost:{port}",
+        f"http://127.0.0.1:{health}",
+        log_file,
+        f"https://localhost:{metrics}",
     )
     try:
         if wait:

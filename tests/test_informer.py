@@ -384,7 +384,9 @@ async def serving(
     cert_dir = tmp_path / "certs"
     cert_dir.mkdir()
     ca_file = make_certs(cert_dir)
-    with server_process(cert_dir, "--kubeconfig", str(config), wait=False) as proc:
+    # The reconciler off: these tests count the API requests the webhooks make (none).
+    args = ("--kubeconfig", str(config), "--reconcile=false")
+    with server_process(cert_dir, *args, wait=False) as proc:
         verify = ssl.create_default_context(cafile=str(ca_file))
         async with httpx.AsyncClient(base_url=proc.url, verify=verify, timeout=10) as client:
             deadline = time.monotonic() + 20

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
-from kubernetes.aio.client import ApiClient, SchedulingV1beta1Api
+from kubernetes.aio.client import ApiClient
 
 from .cache import Cache, GangApi
 from .informer import Informer
@@ -28,10 +28,16 @@ NEEDED = frozenset({"workloads", "podgroups"})
 async def gang_api_state(api: ApiClient, timeout: float = 10.0) -> GangApi:
     """What discovery says now; "unknown" when the API server cannot be asked."""
     try:
-        discovery = SchedulingV1beta1Api(api)
-        response: Any = await discovery.get_api_resources_without_preload_content(
-            _request_timeout=timeout
+        # As the client's get_api_resources(), but without its trailing slash: the canonical
+        # discovery path, which every API server (and the test emulator) serves.
+        param = await api.param_serialize(
+            method="GET",
+            resource_path=f"/apis/{GROUP_VERSION}",
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
         )
+        result: Any = await api.call_api(*param, _preload_content=False, _request_timeout=timeout)
+        response = result.response
         try:
             body = await response.read()
             status = response.status
