@@ -24,6 +24,7 @@ from tests.harness import fixture
 from tests.kube_emulator import (
     CLUSTER_RUNTIMES,
     EVENTS,
+    LEASES,
     POD_GROUPS,
     TRAINJOBS,
     WORKLOADS,
@@ -39,6 +40,7 @@ from webhook.core.snapshot import SNAPSHOT_ANNOTATION
 from webhook.kube.cache import Cache
 from webhook.kube.client import informers, scheduling_informers
 from webhook.kube.events import EventRecorder
+from webhook.kube.leader import LeaderElector, LeaseSettings
 from webhook.kube.writer import ApiWriter, WriterSettings
 from webhook.reconcile.reconciler import CONTROLLER, Reconciler, ReconcilerSettings
 
@@ -78,21 +80,27 @@ class World:
         default_factory=lambda: ReconcilerSettings(workers=2, conflict_retry=0.2, wait_retry=0.05)
     )
     writer_timeout: float = 10.0
+    identity: str = "test-replica"
+    lease: LeaseSettings | None = None  # set: reconcile only while holding this Lease
     cache: Cache = field(init=False)
     reconciler: Reconciler = field(init=False)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     async def start(self, *, reconcile: bool = True) -> World:
         self.api = ApiClient(configuration=Configuration(host=self.url))
+        self.api.user_agent = self.identity  # lets a reaction pick this replica's requests
         self.cache = Cache(connected=True)
         self.cache.gang_api = "served"
-        self.events = EventRecorder(self.api, CONTROLLER, "test-replica", dedupe_for=0.0)
+        self.events = EventRecorder(self.api, CONTROLLER, self.identity, dedupe_for=0.0)
         writer = ApiWriter(self.api, WriterSettings(timeout=self.writer_timeout))
         self.reconciler = Reconciler(self.cache, writer, self.events, self.settings)
         watches = [*informers(self.api, self.cache), *scheduling_informers(self.api, self.cache)]
         self.tasks = [asyncio.create_task(i.run()) for i in watches]
         self.tasks.append(asyncio.create_task(self.events.run()))
-        if reconcile:
+        if reconcile and self.lease is not None:
+            self.elector = LeaderElector(self.api, self.lease)
+            self.tasks.append(asyncio.create_task(self.elector.run(self.reconciler.run)))
+        elif reconcile:
             self.tasks.append(asyncio.create_task(self.reconciler.run()))
         return self
 
@@ -496,3 +504,61 @@ async def test_a_runtime_edit_changes_only_trainjobs_created_afterwards() -> Non
             "key"
         ] == ("topology.kubernetes.io/zone")
         assert writes(w.k) == before + 2  # the later TrainJob's two creates, nothing else
+
+
+# --- high availability ---------------------------------------------------------------------------
+
+
+def replica_writes(k: VersionedEmulator, identity: str) -> int:
+    """Workload/PodGroup writes (and snapshot patches) sent by one replica."""
+    by = kmock.headers({"User-Agent": identity})
+    resources = (WORKLOADS, POD_GROUPS, TRAINJOBS)
+    return sum(len(k[a, r, by]) for a in (CREATE, UPDATE, DELETE) for r in resources)
+
+
+def lease_holder(k: VersionedEmulator) -> str | None:
+    for (r, ns, name), obj in list(k.objects.items()):
+        if r == LEASES and (ns, name) == ("default", "reconciler") and not obj.deleted:
+            holder: str | None = obj.raw.get("spec", {}).get("holderIdentity")
+            return holder
+    return None
+
+
+async def test_two_replicas_only_the_leader_writes_and_the_other_takes_over() -> None:
+    async with emulator() as (k, url):
+
+        def replica(identity: str) -> World:
+            lease = LeaseSettings("default", "reconciler", identity, 1.0, 0.6, 0.1)
+            return World(k, url, identity=identity, lease=lease)
+
+        a = await replica("replica-a").start()
+        await eventually(lambda: lease_holder(k) == "replica-a", "replica-a leads")
+        b = await replica("replica-b").start()
+        try:
+            await create(k, CLUSTER_RUNTIMES, cluster_runtime())
+            await create(k, TRAINJOBS, trainjob())
+            await converged(k)
+            await quiet(k)
+            assert replica_writes(k, "replica-a") == 3  # the snapshot, the Workload, the PodGroup
+            assert replica_writes(k, "replica-b") == 0
+            assert lease_holder(k) == "replica-a"
+
+            # The leader dies: its connection to the API server is gone, it releases nothing.
+            k[kmock.headers({"User-Agent": "replica-a"})] << status(503)
+            await eventually(lambda: lease_holder(k) == "replica-b", "replica-b takes over", 10)
+            assert a.reconciler.queue is None  # past its renew deadline, replica-a stopped
+            await create(k, TRAINJOBS, trainjob("second-job"))
+            await patch(k, TRAINJOBS, NS, NAME, {"spec": {"suspend": True}})
+
+            def only_the_second_job() -> bool:
+                names = [w["metadata"]["name"] for w in objects(k, WORKLOADS)]
+                pod_groups = objects(k, POD_GROUPS)
+                return len(names) == len(pod_groups) == 1 and names[0].startswith("second-job")
+
+            await eventually(only_the_second_job, "replica-b converged: suspended job's gone")
+            await quiet(k)
+            assert replica_writes(k, "replica-b") == 5  # delete 2, snapshot + 2 creates
+            assert len(objects(k, WORKLOADS)) == 1 and len(objects(k, POD_GROUPS)) == 1
+        finally:
+            await b.stop()
+            await a.stop()
