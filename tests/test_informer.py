@@ -373,7 +373,7 @@ def patch_ops(answer: dict[str, Any]) -> list[dict[str, Any]]:
 
 @contextlib.asynccontextmanager
 async def serving(
-    tmp_path: Path, url: str
+    tmp_path: Path, url: str, *extra: str, reconcile: bool = False
 ) -> AsyncIterator[tuple[ServerProcess, httpx.AsyncClient]]:
     """`python -m webhook serve --kubeconfig` against the emulator, and an HTTPS client for it.
 
@@ -384,8 +384,8 @@ async def serving(
     cert_dir = tmp_path / "certs"
     cert_dir.mkdir()
     ca_file = make_certs(cert_dir)
-    # The reconciler off: these tests count the API requests the webhooks make (none).
-    args = ("--kubeconfig", str(config), "--reconcile=false")
+    # The reconciler off by default: these tests count the API requests the webhooks make (none).
+    args = ("--kubeconfig", str(config), f"--reconcile={str(reconcile).lower()}", *extra)
     with server_process(cert_dir, *args, wait=False) as proc:
         verify = ssl.create_default_context(cafile=str(ca_file))
         async with httpx.AsyncClient(base_url=proc.url, verify=verify, timeout=10) as client:

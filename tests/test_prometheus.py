@@ -1,34 +1,41 @@
-"""A real Prometheus scrapes the secured metrics endpoint, and its own HTTP API tells the result.
+"""A real Prometheus scrapes the real service, and its own HTTP API tells the result.
 
-Prometheus (Debian's package: `make prometheus`) runs as our own process on loopback with two
-scrape jobs over HTTPS, both trusting the service's CA: `good` with an allowed bearer token and
-`wrong-token` with a token the API server does not know. The test passes once Prometheus reports
-`good` up with a known series stored and `wrong-token` down with a 401.
+The target is `python -m webhook serve --kubeconfig` against the API emulator (run in a thread,
+`tests.test_metrics_serve.cluster`), whose kmock reactions answer the service's TokenReviews and
+SubjectAccessReviews. Prometheus (Debian's package: `make prometheus`) runs as our own process on
+loopback with two scrape jobs over HTTPS to the service's metrics port, both trusting the
+service's CA: `good` with an allowed bearer token and `wrong-token` with a token the API server
+does not authenticate. The test passes once Prometheus reports `good` up with a known series
+stored, and the series of the running service (gang API served, this replica leading), and
+`wrong-token` down with a 401.
 
 Skipped when there is no `prometheus` binary, unless REQUIRE_PROMETHEUS=1 (CI sets it).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
 import shutil
 import subprocess
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
 
 from tests.harness import free_port
-from tests.test_metrics_auth import GOOD_TOKEN, UNKNOWN_TOKEN, secured
+from tests.test_metrics_auth import GOOD_TOKEN, UNKNOWN_TOKEN
+from tests.test_metrics_serve import GANG_API, LEADER, LEASE, Served, serve_with_cluster
 
 SERIES = "trainjob_scheduling_certificate_expiry_timestamp_seconds"  # always present
+# The running service's own state, as the good job stores it: both 1.
+SERVICE_SERIES = (f'{GANG_API}{{job="good"}}', f'{LEADER}{{job="good",name="{LEASE}"}}')
 DEADLINE = 20.0  # seconds for Prometheus to start and report both targets
 
 
@@ -51,15 +58,14 @@ class ScrapeTarget:
     server_name: str = "localhost"  # in the serving certificate
 
 
-@contextlib.asynccontextmanager
-async def scrape_target(tmp_path: Path) -> AsyncIterator[ScrapeTarget]:
-    """The one thing Prometheus scrapes: the metrics app with authentication on, against the
-    kmock API server answering the reviews. Swap this for a `python -m webhook serve` process and
-    nothing else in the test changes."""
-    async with secured(tmp_path) as (endpoint, _, _):
-        yield ScrapeTarget(
-            f"127.0.0.1:{endpoint.port}", endpoint.ca_file, GOOD_TOKEN, UNKNOWN_TOKEN
-        )
+@contextlib.contextmanager
+def scrape_target(tmp_path: Path) -> Iterator[tuple[ScrapeTarget, Served]]:
+    """The one thing Prometheus scrapes: `python -m webhook serve` (authentication on, the
+    default) with a kubeconfig for the emulator, ready, on its metrics port."""
+    with serve_with_cluster(tmp_path) as (_, served):
+        port = urlsplit(served.proc.metrics_url).port
+        target = ScrapeTarget(f"127.0.0.1:{port}", served.ca_file, GOOD_TOKEN, UNKNOWN_TOKEN)
+        yield target, served
 
 
 def scrape_config(target: ScrapeTarget) -> dict[str, Any]:
@@ -106,49 +112,57 @@ def running_prometheus(binary: str, work: Path, config: dict[str, Any]) -> Itera
             process.wait()
 
 
-async def targets(client: httpx.AsyncClient) -> dict[str, dict[str, Any]]:
+def targets(client: httpx.Client) -> dict[str, dict[str, Any]]:
     """Prometheus's active targets by job (empty while it starts)."""
     with contextlib.suppress(httpx.HTTPError):
-        response = await client.get("/api/v1/targets", params={"state": "active"})
+        response = client.get("/api/v1/targets", params={"state": "active"})
         if response.status_code == 200:
             active = response.json()["data"]["activeTargets"]
             return {t["labels"]["job"]: t for t in active}
     return {}
 
 
-async def query(client: httpx.AsyncClient, promql: str) -> list[dict[str, Any]]:
-    response = await client.get("/api/v1/query", params={"query": promql})
+def query(client: httpx.Client, promql: str) -> list[dict[str, Any]]:
+    response = client.get("/api/v1/query", params={"query": promql})
     response.raise_for_status()
     result: list[dict[str, Any]] = response.json()["data"]["result"]
     return result
 
 
-@pytest.mark.asyncio
-async def test_prometheus_scrapes_with_a_bearer_token(prometheus: str, tmp_path: Path) -> None:
+def values(client: httpx.Client, promql: str) -> list[str]:
+    return [r["value"][1] for r in query(client, promql)]
+
+
+def test_prometheus_scrapes_the_service_with_a_bearer_token(
+    prometheus: str, tmp_path: Path
+) -> None:
     work = tmp_path / "prometheus"
     work.mkdir()
-    async with scrape_target(tmp_path) as target:
-        with running_prometheus(prometheus, work, scrape_config(target)) as url:
-            async with httpx.AsyncClient(base_url=url, timeout=2) as client:
-                deadline = time.monotonic() + DEADLINE
-                seen: dict[str, dict[str, Any]] = {}
-                series: list[dict[str, Any]] = []
-                while time.monotonic() < deadline:
-                    seen = await targets(client)
-                    good, bad = seen.get("good", {}), seen.get("wrong-token", {})
-                    if good.get("health") == "up" and bad.get("health") == "down":
-                        series = await query(client, f'{SERIES}{{job="good"}}')
-                        if series:
-                            break
-                    await asyncio.sleep(0.25)
-                log = (work / "prometheus.log").read_text(errors="replace")[-2000:]
-                assert series, f"targets: {json.dumps(seen, indent=1)}\nlog: {log}"
-                assert seen["good"]["lastError"] == ""
-                assert "401" in seen["wrong-token"]["lastError"], seen["wrong-token"]
-                assert float(series[0]["value"][1]) > time.time()  # an expiry in the future
-                up = await query(client, "up")
-                assert {r["metric"]["job"]: r["value"][1] for r in up} == {
-                    "good": "1",
-                    "wrong-token": "0",
-                }
-                assert await query(client, f'{SERIES}{{job="wrong-token"}}') == []
+    with (
+        scrape_target(tmp_path) as (target, served),
+        running_prometheus(prometheus, work, scrape_config(target)) as url,
+        httpx.Client(base_url=url, timeout=2) as client,
+    ):
+        deadline = time.monotonic() + DEADLINE
+        seen: dict[str, dict[str, Any]] = {}
+        series: list[dict[str, Any]] = []
+        service: dict[str, list[str]] = {}
+        while time.monotonic() < deadline:
+            seen = targets(client)
+            good, bad = seen.get("good", {}), seen.get("wrong-token", {})
+            if good.get("health") == "up" and bad.get("health") == "down":
+                series = query(client, f'{SERIES}{{job="good"}}')
+                service = {promql: values(client, promql) for promql in SERVICE_SERIES}
+                if series and all(v == ["1"] for v in service.values()):
+                    break
+            time.sleep(0.25)
+        log = (work / "prometheus.log").read_text(errors="replace")[-2000:]
+        why = f"targets: {json.dumps(seen, indent=1)}\nprometheus log: {log}"
+        assert series, f"{why}\nservice log: {served.log_tail()}"
+        assert service == {promql: ["1"] for promql in SERVICE_SERIES}, why
+        assert seen["good"]["lastError"] == ""
+        assert "401" in seen["wrong-token"]["lastError"], seen["wrong-token"]
+        assert float(series[0]["value"][1]) > time.time()  # an expiry in the future
+        up = query(client, "up")
+        assert {r["metric"]["job"]: r["value"][1] for r in up} == {"good": "1", "wrong-token": "0"}
+        assert query(client, f'{{job="wrong-token",__name__!~"up|scrape_.*"}}') == []

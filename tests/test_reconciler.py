@@ -8,11 +8,14 @@ Each test runs the real chain: informers fill the cache, the reconciler's worker
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import copy
+import json
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import kmock
@@ -20,7 +23,7 @@ import pytest
 from kmock._internal.rendering import Response
 from kubernetes.aio.client import ApiClient, Configuration
 
-from tests.harness import fixture
+from tests.harness import fixture, webhook_path
 from tests.kube_emulator import (
     CLUSTER_RUNTIMES,
     EVENTS,
@@ -36,6 +39,7 @@ from tests.kube_emulator import (
     patch,
     status,
 )
+from tests.test_informer import serving
 from webhook.core.snapshot import SNAPSHOT_ANNOTATION
 from webhook.kube.cache import Cache
 from webhook.kube.client import informers, scheduling_informers
@@ -516,9 +520,11 @@ def replica_writes(k: VersionedEmulator, identity: str) -> int:
     return sum(len(k[a, r, by]) for a in (CREATE, UPDATE, DELETE) for r in resources)
 
 
-def lease_holder(k: VersionedEmulator) -> str | None:
+def lease_holder(
+    k: VersionedEmulator, namespace: str = "default", lease: str = "reconciler"
+) -> str | None:
     for (r, ns, name), obj in list(k.objects.items()):
-        if r == LEASES and (ns, name) == ("default", "reconciler") and not obj.deleted:
+        if r == LEASES and (ns, name) == (namespace, lease) and not obj.deleted:
             holder: str | None = obj.raw.get("spec", {}).get("holderIdentity")
             return holder
     return None
@@ -562,3 +568,66 @@ async def test_two_replicas_only_the_leader_writes_and_the_other_takes_over() ->
         finally:
             await b.stop()
             await a.stop()
+
+
+# --- one process ---------------------------------------------------------------------------------
+
+
+async def test_serve_runs_webhooks_and_the_leader_elected_reconciler_in_one_process(
+    tmp_path: Path,
+) -> None:
+    review = fixture("pod-create-by-job-controller.mutate.json")
+    async with (
+        emulator() as (k, url),
+        serving(tmp_path, url, "--namespace", "trainjob-system", reconcile=True) as (_, client),
+    ):
+        await create(k, CLUSTER_RUNTIMES, cluster_runtime())
+        await create(k, TRAINJOBS, trainjob())
+        await converged(k)
+        assert lease_holder(k, "trainjob-system", "trainjob-scheduling-webhook")
+        tj = stored(k, TRAINJOBS, NAME)
+        assert tj is not None and SNAPSHOT_ANNOTATION in tj["metadata"]["annotations"]
+        # The pod webhook plans from the same snapshot: the pod joins the PodGroup just made.
+        answer = (await client.post(webhook_path(review, "mutate"), json=review)).json()
+        ops = json.loads(base64.b64decode(answer["response"]["patch"]))
+        assert ops == [
+            {"op": "add", "path": "/spec/schedulingGroup", "value": {"podGroupName": POD_GROUP}}
+        ]
+        await patch(k, TRAINJOBS, NS, NAME, {"spec": {"suspend": True}})
+        await eventually(lambda: not objects(k, WORKLOADS), "deleted on suspend")
+
+
+async def test_without_the_scheduling_api_nothing_is_made_and_the_webhooks_stay_ready(
+    tmp_path: Path,
+) -> None:
+    async with (
+        emulator(scheduling=False) as (k, url),
+        serving(tmp_path, url, reconcile=True) as (
+            proc,
+            client,
+        ),
+    ):
+        await create(k, CLUSTER_RUNTIMES, cluster_runtime())
+        await create(k, TRAINJOBS, trainjob())
+
+        def unavailable_logged() -> bool:
+            return any(
+                line.get("logger") == "webhook.discovery" and line["level"] == "error"
+                for line in proc.log_lines()
+            )
+
+        await eventually(unavailable_logged, "a log line: gang scheduling unavailable")
+        await asyncio.sleep(0.5)  # time enough for a reconciler to act, had it wanted to
+        ready = await client.get(f"{proc.health_url}/readyz")
+        assert ready.status_code == 200
+        review = fixture("pod-create-by-job-controller.mutate.json")
+        answer = (await client.post(webhook_path(review, "mutate"), json=review)).json()
+        assert answer["response"]["allowed"] is True and "patch" not in answer["response"]
+        assert not tj_annotated(k)
+        for resource in (WORKLOADS, POD_GROUPS, EVENTS):
+            assert len(k[CREATE, resource]) == 0, resource
+
+
+def tj_annotated(k: VersionedEmulator) -> bool:
+    tj = stored(k, TRAINJOBS, NAME)
+    return tj is not None and SNAPSHOT_ANNOTATION in (tj["metadata"].get("annotations") or {})
