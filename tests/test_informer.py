@@ -397,7 +397,16 @@ async def serving(
                     break
                 assert time.monotonic() < deadline, proc.log_file.read_text()
                 await asyncio.sleep(0.05)
-            yield proc, client
+            try:
+                yield proc, client
+            finally:
+                # Stop it here, waiting asynchronously: the emulator on this loop must keep
+                # answering while the service shuts down (it releases its Lease on the way).
+                await client.aclose()  # no idle keep-alive connection to wait for
+                proc.process.terminate()
+                deadline = time.monotonic() + 30
+                while proc.process.poll() is None and time.monotonic() < deadline:
+                    await asyncio.sleep(0.05)
 
 
 async def readyz(client: httpx.AsyncClient, proc: ServerProcess) -> httpx.Response:
