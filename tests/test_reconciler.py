@@ -515,7 +515,7 @@ async def test_a_runtime_edit_changes_only_trainjobs_created_afterwards() -> Non
 
 def replica_writes(k: VersionedEmulator, identity: str) -> int:
     """Workload/PodGroup writes (and snapshot patches) sent by one replica."""
-    by = kmock.headers({"User-Agent": identity})
+    by: Any = kmock.headers({"User-Agent": identity})
     resources = (WORKLOADS, POD_GROUPS, TRAINJOBS)
     return sum(len(k[a, r, by]) for a in (CREATE, UPDATE, DELETE) for r in resources)
 

@@ -247,14 +247,7 @@ def background(
     if not r.leader_elect:
         jobs.append(reconciler.run())
         return jobs
-    lease = LeaseSettings(
-        namespace=own_namespace(settings.namespace),
-        name=r.lease_name,
-        identity=me,
-        lease_duration=r.lease_duration,
-        renew_deadline=r.renew_deadline,
-        retry_period=r.retry_period,
-    )
+    lease = lease_settings(settings, me)
     leader = metrics.leader.labels(name=r.lease_name)
     leader.set(0)
     elector = LeaderElector(api, lease, on_change=lambda leading: leader.set(int(leading)))
@@ -262,7 +255,24 @@ def background(
     return jobs
 
 
+def lease_settings(settings: Settings, identity: str) -> LeaseSettings:
+    r = settings.reconcile
+    try:
+        return LeaseSettings(
+            namespace=own_namespace(settings.namespace),
+            name=r.lease_name,
+            identity=identity,
+            lease_duration=r.lease_duration,
+            renew_deadline=r.renew_deadline,
+            retry_period=r.retry_period,
+        )
+    except ValueError as err:
+        raise StartupError(f"leader election: {err}") from None
+
+
 async def serve(settings: Settings) -> None:
+    if settings.reconcile.enabled and settings.reconcile.leader_elect:
+        lease_settings(settings, "check")  # bad durations stop the start, not the leader
     metrics = Metrics()
     tls = ReloadingContext(settings.cert_dir / "tls.crt", settings.cert_dir / "tls.key", metrics)
     tls.reload()
