@@ -688,10 +688,14 @@ async def api_client(url: str, user_agent: str | None = None) -> AsyncIterator[A
         await close()
 
 
-async def eventually(check: Callable[[], bool], what: str, timeout: float = 5.0) -> None:
-    """Waits until `check()` holds, polling; fails the test after `timeout` seconds."""
+async def eventually(check: Callable[[], Any], what: str, timeout: float = 10.0) -> Any:
+    """Waits until `check()` returns something true, polling, and returns it; fails the test
+    after `timeout` seconds."""
     deadline = time.monotonic() + timeout
-    while not check():
+    while True:
+        result = check()
+        if result:
+            return result
         if time.monotonic() > deadline:
             raise AssertionError(f"not within {timeout}s: {what}")
         await asyncio.sleep(0.01)

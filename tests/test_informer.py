@@ -23,7 +23,6 @@ import httpx
 import kmock
 import pytest
 from kmock._internal.rendering import Response
-from kubernetes.aio.client import ApiClient, Configuration
 
 from tests.harness import ServerProcess, fixture, make_certs, server_process, webhook_path
 from tests.kube_emulator import (
@@ -33,10 +32,12 @@ from tests.kube_emulator import (
     TRAINJOBS,
     WATCH,
     VersionedEmulator,
+    api_client,
     broken_stream,
     create,
     delete,
     emulator,
+    eventually,
     expired_event,
     kubeconfig,
     next_requests,
@@ -77,16 +78,6 @@ def make(kind: str, namespace: str, name: str) -> dict[str, Any]:
 
 
 @contextlib.asynccontextmanager
-async def api_client(url: str) -> AsyncIterator[ApiClient]:
-    api = ApiClient(configuration=Configuration(host=url))
-    try:
-        yield api
-    finally:
-        close: Any = api.close  # untyped in the client
-        await close()
-
-
-@contextlib.asynccontextmanager
 async def running(*informers: Informer) -> AsyncIterator[None]:
     tasks = [asyncio.create_task(i.run()) for i in informers]
     try:
@@ -97,14 +88,6 @@ async def running(*informers: Informer) -> AsyncIterator[None]:
         results = await asyncio.gather(*tasks, return_exceptions=True)
         for result in results:  # run() only ever ends by cancellation
             assert isinstance(result, asyncio.CancelledError), result
-
-
-async def eventually(check: Callable[[], bool], what: str, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout}s: {what}")
-        await asyncio.sleep(0.01)
 
 
 def keys(store: Store) -> set[tuple[str, str]]:

@@ -28,10 +28,9 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 from kmock._internal.rendering import Response
-from kubernetes.aio.client import ApiClient, Configuration
 
 from tests.harness import free_port, make_certs
-from tests.kube_emulator import status_object
+from tests.kube_emulator import api_client, status_object
 from webhook.metrics.app import MetricsApp, metrics_server
 from webhook.metrics.auth import Authorizer, AuthSettings, bearer_token
 from webhook.metrics.registry import Metrics
@@ -125,16 +124,6 @@ async def review_api() -> AsyncIterator[tuple[kmock.KubernetesScaffold, str]]:
     """kmock's Kubernetes API scaffold on a port, and its URL; reactions answer the reviews."""
     async with kmock.KubernetesScaffold() as k, kmock.Server(k) as server:
         yield k, str(server.url).rstrip("/")
-
-
-@contextlib.asynccontextmanager
-async def api_client(url: str) -> AsyncIterator[ApiClient]:
-    api = ApiClient(configuration=Configuration(host=url))
-    try:
-        yield api
-    finally:
-        close: Any = api.close  # untyped in the client
-        await close()
 
 
 @dataclass

@@ -13,7 +13,7 @@ import contextlib
 import copy
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,7 @@ from tests.kube_emulator import (
     create,
     delete,
     emulator,
+    eventually,
     next_requests,
     patch,
     status,
@@ -126,17 +127,6 @@ async def world(**kw: Any) -> AsyncIterator[World]:
             await w.stop()
 
 
-async def eventually(check: Callable[[], Any], what: str, timeout: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout}s: {what}")
-        await asyncio.sleep(0.02)
-
-
 def stored(k: VersionedEmulator, resource: kmock.resource, name: str) -> dict[str, Any] | None:
     """What the emulator holds now (read directly: the test's view, not a client's)."""
     for (r, ns, n), obj in list(k.objects.items()):
@@ -183,6 +173,15 @@ async def converged(
     return result
 
 
+async def a_trainjob_with_its_gang(
+    k: VersionedEmulator,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The level-1 runtime and a TrainJob on it, once the reconciler has made their objects."""
+    await create(k, CLUSTER_RUNTIMES, cluster_runtime())
+    await create(k, TRAINJOBS, trainjob())
+    return await converged(k)
+
+
 async def quiet(k: VersionedEmulator, seconds: float = 0.5) -> int:
     """Waits until no Workload/PodGroup write happened for `seconds`; returns the write count."""
     last, since = writes(k), time.monotonic()
@@ -199,9 +198,7 @@ async def quiet(k: VersionedEmulator, seconds: float = 0.5) -> int:
 
 async def test_a_trainjob_gets_its_workload_and_podgroup_from_the_plan() -> None:
     async with world() as w:
-        await create(w.k, CLUSTER_RUNTIMES, cluster_runtime())
-        await create(w.k, TRAINJOBS, trainjob())
-        wl, pg = await converged(w.k)
+        wl, pg = await a_trainjob_with_its_gang(w.k)
         tj = stored(w.k, TRAINJOBS, NAME)
         assert tj is not None
         owner = {
@@ -232,9 +229,7 @@ async def test_a_trainjob_gets_its_workload_and_podgroup_from_the_plan() -> None
 
 async def test_a_second_pass_changes_nothing() -> None:
     async with world() as w:
-        await create(w.k, CLUSTER_RUNTIMES, cluster_runtime())
-        await create(w.k, TRAINJOBS, trainjob())
-        wl, pg = await converged(w.k)
+        wl, pg = await a_trainjob_with_its_gang(w.k)
         before = await quiet(w.k)
         assert before == 2  # one create each, nothing else
         await patch(w.k, TRAINJOBS, NS, NAME, {"metadata": {"labels": {"touched": "yes"}}})
@@ -259,9 +254,7 @@ async def test_a_trainjob_without_its_runtime_waits_for_it() -> None:
 
 async def test_suspend_deletes_and_resume_recreates() -> None:
     async with world() as w:
-        await create(w.k, CLUSTER_RUNTIMES, cluster_runtime())
-        await create(w.k, TRAINJOBS, trainjob())
-        wl, _ = await converged(w.k)
+        wl, _ = await a_trainjob_with_its_gang(w.k)
         await patch(w.k, TRAINJOBS, NS, NAME, {"spec": {"suspend": True}})
         await eventually(
             lambda: not stored(w.k, WORKLOADS, WORKLOAD) and not stored(w.k, POD_GROUPS, POD_GROUP),
@@ -293,9 +286,7 @@ async def test_a_trainjob_created_suspended_gets_nothing_until_resumed() -> None
 @pytest.mark.parametrize("condition", ["Complete", "Failed"])
 async def test_a_finished_trainjob_releases_its_gang(condition: str) -> None:
     async with world() as w:
-        await create(w.k, CLUSTER_RUNTIMES, cluster_runtime())
-        await create(w.k, TRAINJOBS, trainjob())
-        await converged(w.k)
+        await a_trainjob_with_its_gang(w.k)
         finished = {"status": {"conditions": [{"type": condition, "status": "True"}]}}
         await patch(w.k, TRAINJOBS, NS, NAME, finished)
         await eventually(
@@ -307,9 +298,7 @@ async def test_a_finished_trainjob_releases_its_gang(condition: str) -> None:
 
 async def test_deleting_the_trainjob_leaves_cleanup_to_garbage_collection() -> None:
     async with world() as w:
-        await create(w.k, CLUSTER_RUNTIMES, cluster_runtime())
-        await create(w.k, TRAINJOBS, trainjob())
-        await converged(w.k)
+        await a_trainjob_with_its_gang(w.k)
         await delete(w.k, TRAINJOBS, NS, NAME)
         await eventually(
             lambda: not objects(w.k, WORKLOADS) and not objects(w.k, POD_GROUPS),
@@ -323,9 +312,7 @@ async def test_deleting_the_trainjob_leaves_cleanup_to_garbage_collection() -> N
 
 async def test_a_changed_min_count_is_patched_back_in_place() -> None:
     async with world() as w:
-        await create(w.k, CLUSTER_RUNTIMES, cluster_runtime())
-        await create(w.k, TRAINJOBS, trainjob())
-        wl, pg = await converged(w.k)
+        wl, pg = await a_trainjob_with_its_gang(w.k)
         await patch(
             w.k,
             POD_GROUPS,
@@ -347,9 +334,7 @@ async def test_a_changed_min_count_is_patched_back_in_place() -> None:
 
 async def test_server_defaults_are_not_drift() -> None:
     async with world() as w:
-        await create(w.k, CLUSTER_RUNTIMES, cluster_runtime())
-        await create(w.k, TRAINJOBS, trainjob())
-        _, pg = await converged(w.k)
+        _, pg = await a_trainjob_with_its_gang(w.k)
         before = await quiet(w.k)
         # What the Priority admission plugin and defaulting add to a stored PodGroup.
         await patch(
@@ -365,9 +350,7 @@ async def test_server_defaults_are_not_drift() -> None:
 
 async def test_any_other_drift_deletes_and_recreates() -> None:
     async with world() as w:
-        await create(w.k, CLUSTER_RUNTIMES, cluster_runtime())
-        await create(w.k, TRAINJOBS, trainjob())
-        wl, pg = await converged(w.k)
+        wl, pg = await a_trainjob_with_its_gang(w.k)
         rack = {"topology": [{"key": "example.com/rack"}]}
         await patch(w.k, POD_GROUPS, NS, POD_GROUP, {"spec": {"schedulingConstraints": rack}})
 
@@ -419,9 +402,7 @@ async def test_server_errors_are_retried_and_nothing_is_duplicated() -> None:
     async with world() as w:
         next_requests(w.k[CREATE, WORKLOADS], 2) << status(500)
         next_requests(w.k[CREATE, POD_GROUPS], 1) << status(500)
-        await create(w.k, CLUSTER_RUNTIMES, cluster_runtime())
-        await create(w.k, TRAINJOBS, trainjob())
-        await converged(w.k)
+        await a_trainjob_with_its_gang(w.k)
         await quiet(w.k)
         assert len(objects(w.k, WORKLOADS)) == 1 and len(objects(w.k, POD_GROUPS)) == 1
 
@@ -434,9 +415,7 @@ async def test_conflicts_and_timeouts_are_retried() -> None:
             return Response(status=500, payload={})
 
         next_requests(w.k[CREATE, POD_GROUPS], 1) << slow
-        await create(w.k, CLUSTER_RUNTIMES, cluster_runtime())
-        await create(w.k, TRAINJOBS, trainjob())
-        await converged(w.k)
+        await a_trainjob_with_its_gang(w.k)
         await patch(
             w.k,
             POD_GROUPS,
@@ -486,9 +465,7 @@ async def test_a_restart_midway_converges_to_the_same_objects() -> None:
 
 async def test_a_runtime_edit_changes_only_trainjobs_created_afterwards() -> None:
     async with world() as w:
-        await create(w.k, CLUSTER_RUNTIMES, cluster_runtime())
-        await create(w.k, TRAINJOBS, trainjob())
-        wl, _ = await converged(w.k)
+        wl, _ = await a_trainjob_with_its_gang(w.k)
         before = await quiet(w.k)
         rack = {"topology": [{"key": "example.com/rack"}]}
         await patch(w.k, CLUSTER_RUNTIMES, None, "torch-distributed",
