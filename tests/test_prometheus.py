@@ -61,8 +61,9 @@ class ScrapeTarget:
 @contextlib.contextmanager
 def scrape_target(tmp_path: Path) -> Iterator[tuple[ScrapeTarget, Served]]:
     """The one thing Prometheus scrapes: `python -m webhook serve` (authentication on, the
-    default) with a kubeconfig for the emulator, ready, on its metrics port."""
-    with serve_with_cluster(tmp_path) as (_, served):
+    default) with a kubeconfig for the emulator, on its metrics port. Not waited for: it starts
+    while Prometheus does, and the test waits for Prometheus to see it up."""
+    with serve_with_cluster(tmp_path, wait=False) as (_, served):
         port = urlsplit(served.proc.metrics_url).port
         target = ScrapeTarget(f"127.0.0.1:{port}", served.ca_file, GOOD_TOKEN, UNKNOWN_TOKEN)
         yield target, served
@@ -150,7 +151,9 @@ def test_prometheus_scrapes_the_service_with_a_bearer_token(
         while time.monotonic() < deadline:
             seen = targets(client)
             good, bad = seen.get("good", {}), seen.get("wrong-token", {})
-            if good.get("health") == "up" and bad.get("health") == "down":
+            # Down from a refused connection until the service listens: wait for the 401.
+            refused = bad.get("health") == "down" and "401" in bad.get("lastError", "")
+            if good.get("health") == "up" and refused:
                 series = query(client, f'{SERIES}{{job="good"}}')
                 service = {promql: values(client, promql) for promql in SERVICE_SERIES}
                 if series and all(v == ["1"] for v in service.values()):
@@ -165,4 +168,4 @@ def test_prometheus_scrapes_the_service_with_a_bearer_token(
         assert float(series[0]["value"][1]) > time.time()  # an expiry in the future
         up = query(client, "up")
         assert {r["metric"]["job"]: r["value"][1] for r in up} == {"good": "1", "wrong-token": "0"}
-        assert query(client, f'{{job="wrong-token",__name__!~"up|scrape_.*"}}') == []
+        assert query(client, '{job="wrong-token",__name__!~"up|scrape_.*"}') == []
