@@ -62,7 +62,7 @@ prometheus:
 	@command -v prometheus >/dev/null || { \
 		SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
 		$$SUDO apt-get update -qq && \
-		$$SUDO apt-get install -y -qq --no-install-recommends prometheus; }
+		$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; }
 	@prometheus --version | head -1
 
 clean:
