@@ -1,0 +1,1 @@
+"""End-to-end tests against a real cluster (skipped without one); see README.md here."""
