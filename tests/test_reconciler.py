@@ -305,6 +305,29 @@ async def test_deleting_the_trainjob_leaves_cleanup_to_garbage_collection() -> N
             "the garbage collector removes what the TrainJob owned",
         )
         assert len(w.k[DELETE, WORKLOADS]) == 0  # the reconciler did not delete them itself
+        # Nor recreated them: the collector's deletions may arrive before the TrainJob's own
+        # DELETED event, and the reconciler waits a moment (gc_grace) before it looks again.
+        assert await quiet(w.k, 2.5) == 2
+        assert not objects(w.k, WORKLOADS) and not objects(w.k, POD_GROUPS)
+
+
+async def test_objects_deleted_by_someone_else_come_back_only_if_the_trainjob_stays() -> None:
+    async with world() as w:
+        await a_trainjob_with_its_gang(w.k)
+        # As the garbage collector does once the TrainJob is gone, but with the TrainJob here.
+        await delete(w.k, POD_GROUPS, NS, POD_GROUP)
+        await delete(w.k, WORKLOADS, NS, WORKLOAD)
+        await asyncio.sleep(0.5)
+        assert not objects(w.k, WORKLOADS)  # not at once: its TrainJob may be going too
+        await converged(w.k)  # after gc_grace: the TrainJob is still here, so they return
+
+        await delete(w.k, POD_GROUPS, NS, POD_GROUP)
+        await delete(w.k, WORKLOADS, NS, WORKLOAD)
+        await asyncio.sleep(0.5)
+        await delete(w.k, TRAINJOBS, NS, NAME)  # its DELETED event came late
+        await asyncio.sleep(2.5)
+        assert not objects(w.k, WORKLOADS) and not objects(w.k, POD_GROUPS)
+        assert len(w.k[CREATE, WORKLOADS]) == 2  # the first and the one after gc_grace
 
 
 # --- drift ---------------------------------------------------------------------------------------

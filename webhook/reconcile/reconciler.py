@@ -46,6 +46,7 @@ class ReconcilerSettings:
     resync_period: float = 600.0  # every TrainJob again, in case an event was missed
     conflict_retry: float = 60.0  # a foreign object holds our name: look again this much later
     wait_retry: float = 1.0  # an object is being deleted, or the cache has not caught up
+    gc_grace: float = 2.0  # after someone else deleted one of ours, before looking again
 
 
 @dataclass(frozen=True)
@@ -372,13 +373,23 @@ class Reconciler:
         self._created.pop(
             (obj.get("kind", ""), meta.get("namespace", ""), meta.get("name", "")), None
         )
+        ours = False
         if event == "DELETED":
-            self._deleted.discard(meta.get("uid", ""))
+            uid = meta.get("uid", "")
+            ours = uid in self._deleted
+            self._deleted.discard(uid)
         owner = controller_ref(obj)
         if owner is None or not is_trainjob_ref(owner) or self.queue is None:
             return
         namespace, name = _meta(obj).get("namespace"), owner.get("name")
-        if isinstance(namespace, str) and isinstance(name, str):
+        if not isinstance(namespace, str) or not isinstance(name, str):
+            return
+        if event == "DELETED" and not ours:
+            # Deleted by someone else: most often the garbage collector, because the TrainJob
+            # is gone and its own DELETED event is still on the way. Look again a little later
+            # rather than recreate for a TrainJob that no longer exists.
+            self.queue.add_after((namespace, name), self.settings.gc_grace)
+        else:
             self.queue.add((namespace, name))
 
     def _runtime_changed(
