@@ -165,7 +165,11 @@ class Reconciler:
         namespace, name = key
         entry = self.cache.trainjobs.get(namespace, name)
         if entry is None or self.cache.gang_api != "served":
-            return DONE  # deleted: garbage collection removes what it owned
+            return DONE  # deleted (garbage collection removes what it owned), or no gang API
+        if not all(store.synced for store in self.cache.scheduling_stores):
+            # Just served (discovery): until the Workload/PodGroup watches have listed, the
+            # cache cannot tell what exists, and every create would be a guess.
+            return Result(self.settings.wait_retry)
         raw = entry.raw
         trainjob, _ = parse(TrainJob, raw)
         if trainjob is None or not trainjob.metadata.uid:
