@@ -182,6 +182,12 @@ async def a_trainjob_with_its_gang(
     return await converged(k)
 
 
+async def shrink_min_count(k: VersionedEmulator) -> None:
+    """Someone edits the PodGroup's minCount (to 3)."""
+    body = {"spec": {"schedulingPolicy": {"gang": {"minCount": 3}}}}
+    await patch(k, POD_GROUPS, NS, POD_GROUP, body)
+
+
 async def quiet(k: VersionedEmulator, seconds: float = 0.5) -> int:
     """Waits until no Workload/PodGroup write happened for `seconds`; returns the write count."""
     last, since = writes(k), time.monotonic()
@@ -336,13 +342,7 @@ async def test_objects_deleted_by_someone_else_come_back_only_if_the_trainjob_st
 async def test_a_changed_min_count_is_patched_back_in_place() -> None:
     async with world() as w:
         wl, pg = await a_trainjob_with_its_gang(w.k)
-        await patch(
-            w.k,
-            POD_GROUPS,
-            NS,
-            POD_GROUP,
-            {"spec": {"schedulingPolicy": {"gang": {"minCount": 3}}}},
-        )
+        await shrink_min_count(w.k)
         await eventually(
             lambda: (
                 (p := stored(w.k, POD_GROUPS, POD_GROUP))
@@ -439,13 +439,7 @@ async def test_conflicts_and_timeouts_are_retried() -> None:
 
         next_requests(w.k[CREATE, POD_GROUPS], 1) << slow
         await a_trainjob_with_its_gang(w.k)
-        await patch(
-            w.k,
-            POD_GROUPS,
-            NS,
-            POD_GROUP,
-            {"spec": {"schedulingPolicy": {"gang": {"minCount": 3}}}},
-        )
+        await shrink_min_count(w.k)
         next_requests(w.k[UPDATE, POD_GROUPS], 1) << status(409)
         await converged(w.k, 100)
         await quiet(w.k)

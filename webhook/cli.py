@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import os
 import pathlib
@@ -352,19 +353,13 @@ def serve_command(args: argparse.Namespace) -> int:
         allow_ttl=args.metrics_allow_ttl,
         deny_ttl=args.metrics_deny_ttl,
     )
+    # The option names are the settings' names, except these two.
+    renamed = {"enabled": "reconcile", "namespaces": "watch_namespaces"}
     reconcile = ReconcileSettings(
-        enabled=args.reconcile,
-        namespaces=args.watch_namespaces,
-        workers=args.workers,
-        qps=args.qps,
-        burst=args.burst,
-        discovery_period=args.discovery_period,
-        resync_period=args.resync_period,
-        leader_elect=args.leader_elect,
-        lease_name=args.lease_name,
-        lease_duration=args.lease_duration,
-        renew_deadline=args.renew_deadline,
-        retry_period=args.retry_period,
+        **{
+            f.name: getattr(args, renamed.get(f.name, f.name))
+            for f in dataclasses.fields(ReconcileSettings)
+        }
     )
     settings = Settings(
         host=args.host,
