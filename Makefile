@@ -55,6 +55,7 @@ plan: setup
 bench: setup
 	$(PY) -m tests.bench.plan_bench
 	$(PY) -m tests.bench.admission_bench
+	$(PY) -m tests.bench.reconcile_bench
 
 ## prometheus: Debian's Prometheus, which tests/test_prometheus.py runs (skipped without it,
 ## unless REQUIRE_PROMETHEUS=1); installed with apt-get when missing
