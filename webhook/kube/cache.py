@@ -197,7 +197,7 @@ class Cache:
             checked: CheckedRuntime | None = _checked_runtime(runtime_entry)
         else:
             assert frozen is not None
-            checked = self._snapshot_runtime(frozen)
+            checked = self.snapshot_runtime(frozen)
         if checked is None:
             return PlanLookup("invalid", detail="the runtime snapshot does not parse")
         trainjob, _ = parse(TrainJob, entry.raw)
@@ -216,7 +216,7 @@ class Cache:
         entry.memo, entry.memo_key = lookup, runtime_memo
         return lookup
 
-    def _snapshot_runtime(self, text: str) -> CheckedRuntime | None:
+    def snapshot_runtime(self, text: str) -> CheckedRuntime | None:
         """A frozen runtime, checked once per distinct snapshot (TrainJobs of one runtime
         version share the text)."""
         checked = self._snapshots.get(text)

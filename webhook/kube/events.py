@@ -71,12 +71,17 @@ class EventRecorder:
             note,
             extra={"fields": log_fields},
         )
-        if self.on_event:
-            self.on_event(reason)
         try:
             self._queue.put_nowait(self._event(regarding, kind, reason, action, note))
         except asyncio.QueueFull:
             self.dropped += 1
+            if self.dropped % 1000 == 1:  # the first, then every thousandth
+                log.warning(
+                    "event queue full, events dropped", extra={"fields": {"dropped": self.dropped}}
+                )
+            return
+        if self.on_event:
+            self.on_event(reason)
 
     async def run(self) -> None:
         """Posts queued events until cancelled; a failure is logged and the event dropped."""
@@ -96,7 +101,12 @@ class EventRecorder:
             except Exception as err:
                 log.warning(
                     "cannot post an event",
-                    extra={"fields": {"reason": event["reason"], "error": str(err)[:200]}},
+                    extra={
+                        "fields": {
+                            "reason": event["reason"],
+                            "error": f"{type(err).__name__}: {err}"[:200],
+                        }
+                    },
                 )
 
     def _event(

@@ -117,8 +117,9 @@ class WorkQueue(Generic[K]):
         self._dirty.discard(key)
         now = self.clock()
         self._processing[key] = now
+        added = self._added_at.pop(key, now)
         if self.metrics:
-            self.metrics.queue_duration.observe(now - self._added_at.pop(key, now))
+            self.metrics.queue_duration.observe(now - added)
             self._update_gauges()
         return key
 

@@ -22,7 +22,7 @@ from ..core.drift import Drift, controlled_by, pod_group_drift, workload_drift
 from ..core.fields import parse
 from ..core.lifecycle import is_finished, wants_gang
 from ..core.plan import Plan, PlanningError, build_plan
-from ..core.snapshot import from_annotations, snapshot
+from ..core.snapshot import snapshot, snapshot_of
 from ..core.trainer import TrainJob
 from ..kube.cache import Cache, EventType, Key, key_of
 from ..kube.events import EventRecorder
@@ -158,6 +158,9 @@ class Reconciler:
                 self._count("requeue_after", started)
             else:
                 self._count("success", started)
+            # A pass that wrote nothing never awaited: without this, one worker would drain a
+            # whole resync while the webhooks, probes and Lease renewals on this loop wait.
+            await asyncio.sleep(0)
 
     # --- one pass ------------------------------------------------------------------------------
 
@@ -175,7 +178,8 @@ class Reconciler:
         if trainjob is None or not trainjob.metadata.uid:
             log.warning("TrainJob does not parse", extra={"fields": {"trainjob": "/".join(key)}})
             return DONE
-        runtime = from_annotations(trainjob.metadata.annotations)
+        frozen = snapshot_of(raw)
+        runtime = self.cache.snapshot_runtime(frozen) if frozen is not None else None
         wanted = wants_gang(trainjob) and trainjob.spec.managed_by != MULTIKUEUE
         if runtime is None:
             if is_finished(trainjob) and not self._owned(trainjob.metadata.uid):
@@ -219,7 +223,7 @@ class Reconciler:
             "runtime snapshot written",
             extra={"fields": {"trainjob": "/".join(key), "runtime": f"{kind}/{ref}"}},
         )
-        return checked.runtime
+        return checked
 
     async def _converge(self, trainjob: JsonObject, plan: Plan) -> Result:
         uid = plan.trainjob_uid
@@ -332,7 +336,9 @@ class Reconciler:
                 return None
             raise
         meta = obj["metadata"]
-        self._created[(obj["kind"], meta["namespace"], meta["name"])] = created
+        if self._stored(obj["kind"], meta["namespace"], meta["name"]) is None:
+            # Until the watch brings it (if it already has, there is nothing to remember).
+            self._created[(obj["kind"], meta["namespace"], meta["name"])] = created
         note = f"created {obj['kind']} {meta['name']!r}"
         self.events.record(trainjob, "Normal", "Created", "Create", note)
         return created
