@@ -37,7 +37,6 @@ import base64
 import collections
 import contextlib
 import cProfile
-import ctypes
 import math
 import multiprocessing
 import multiprocessing.process
@@ -57,6 +56,7 @@ from typing import Any, cast
 import httpx
 import orjson
 
+from tests.bench.children import child_setup
 from tests.harness import fixture, fixture_cache, free_port, make_certs, webhook_path
 
 POD_FIXTURE = "pod-create-by-job-controller.mutate.json"
@@ -77,18 +77,7 @@ Send = Callable[[Message], Awaitable[None]]
 
 
 def _child_setup(log_file: Path) -> None:
-    """Pin to the server CPU, die with the parent, send stdout/stderr (the logs) to `log_file`."""
-    assert log_file.is_absolute(), log_file
-    with contextlib.suppress(AttributeError, OSError):
-        if len(os.sched_getaffinity(0)) > 1:
-            os.sched_setaffinity(0, {SERVER_CPU})
-    with contextlib.suppress(OSError, AttributeError):
-        pr_set_pdeathsig = 1
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
-    fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
+    child_setup(log_file, SERVER_CPU)
 
 
 class _Profiling:
@@ -132,6 +121,7 @@ def serve_service(
         host="127.0.0.1",
         port=port,
         health_port=health_port,
+        metrics_port=free_port(),
         cert_dir=cert_dir,
         shutdown_timeout=5.0,
         limits=Limits(),

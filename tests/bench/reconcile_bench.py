@@ -59,7 +59,6 @@ import collections
 import contextlib
 import copy
 import cProfile
-import ctypes
 import gc
 import io
 import itertools
@@ -68,7 +67,6 @@ import multiprocessing.connection
 import os
 import pstats
 import resource
-import signal
 import sys
 import tempfile
 import time
@@ -83,6 +81,7 @@ import orjson
 from kmock import Server
 from kmock._internal.rendering import Response  # not exported by kmock 0.8
 
+from tests.bench.children import child_setup
 from tests.harness import fixture
 from tests.kube_emulator import (
     CLUSTER_RUNTIMES,
@@ -162,17 +161,7 @@ def trainjobs(n: int, namespaces: int) -> Iterator[Json]:
 
 
 def _child_setup(log_file: Path, cpu: int | None) -> None:
-    """Pin to `cpu`, die with the parent, send stdout/stderr to `log_file`."""
-    if cpu is not None:
-        with contextlib.suppress(AttributeError, OSError):
-            os.sched_setaffinity(0, {cpu})
-    with contextlib.suppress(OSError, AttributeError):
-        pr_set_pdeathsig = 1
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
-    fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
+    child_setup(log_file, cpu)
 
 
 def serve_emulator(n: int, namespaces: int, cpu: int | None, conn: Conn, log_file: Path) -> None:
