@@ -16,6 +16,7 @@ from webhook.core.plan import Plan, build_plan
 from webhook.core.snapshot import SNAPSHOT_ANNOTATION, from_annotations, snapshot
 from webhook.core.trainer import Runtime, TrainJob
 from webhook.core.validation import check_stored_runtime
+from webhook.kube.events import EventRecorder
 from webhook.reconcile.queue import ShutDown, WorkQueue
 
 async_test = pytest.mark.asyncio
@@ -220,3 +221,26 @@ async def test_shut_down_wakes_waiting_workers() -> None:
     queue.shut_down()
     with pytest.raises(ShutDown):
         await asyncio.wait_for(waiter, 1)
+
+
+# --- events --------------------------------------------------------------------------------------
+
+
+@async_test
+async def test_events_beyond_the_queue_are_dropped_and_counted_not_reported_as_posted() -> None:
+    posted: list[str] = []
+    drops: list[None] = []
+    recorder = EventRecorder(
+        None,
+        "trainjob-scheduling",
+        "replica",
+        queue_size=1,
+        on_event=posted.append,
+        on_drop=lambda: drops.append(None),
+    )
+    trainjob_raw = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+                    "metadata": {"name": "j", "namespace": "ns", "uid": "u"}}  # fmt: skip
+    for note in ("one", "two", "three"):
+        recorder.record(trainjob_raw, "Normal", "Created", "Create", note)
+    recorder.record(trainjob_raw, "Normal", "Created", "Create", "one")  # a repeat: de-duplicated
+    assert posted == ["Created"] and len(drops) == 2 and recorder.dropped == 2

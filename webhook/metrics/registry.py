@@ -172,6 +172,11 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.events_dropped = Counter(
+            "trainjob_scheduling_events_dropped",
+            "Kubernetes Events not posted because the recorder's queue was full.",
+            registry=r,
+        )
 
     def render(self, accept: str | None = None) -> tuple[bytes, str]:
         """The exposition (body, content type): Prometheus text, or OpenMetrics when the

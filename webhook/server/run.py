@@ -216,6 +216,7 @@ def background(
             CONTROLLER,
             me,
             on_event=lambda reason: metrics.events.labels(reason=reason).inc(),
+            on_drop=metrics.events_dropped.inc,
         )
         writer = ApiWriter(api, WriterSettings(qps=r.qps, burst=r.burst))
         reconciler = Reconciler(
