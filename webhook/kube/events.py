@@ -17,6 +17,8 @@ from typing import Any, Literal
 
 from kubernetes.aio.client import ApiClient, EventsV1Api
 
+from .microtime import MicroTime
+
 log = logging.getLogger("webhook.events")
 
 EventKind = Literal["Normal", "Warning"]
@@ -127,13 +129,15 @@ class EventRecorder:
             "kind": "Event",
             # As client-go names them: the object's name and a unique suffix.
             "metadata": {"name": f"{name}.{secrets.token_hex(8)}", "namespace": meta["namespace"]},
-            "eventTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            # A MicroTime object, not a string: the client re-parses strings and writes them back
+            # with isoformat(), which drops a zero fraction the API server insists on.
+            "eventTime": MicroTime.of(datetime.now(UTC)),
             "reportingController": self.controller,
             "reportingInstance": self.instance,
             "action": action,
             "reason": reason,
             "type": kind,
-            "note": note[:MAX_NOTE],
+            "note": note.encode()[:MAX_NOTE].decode(errors="ignore"),  # the limit is in bytes
             "regarding": {
                 "apiVersion": regarding.get("apiVersion"),
                 "kind": regarding.get("kind"),

@@ -40,6 +40,8 @@ from kubernetes.aio.client import (
 )
 from kubernetes.aio.client.exceptions import ApiException
 
+from .microtime import MicroTime
+
 log = logging.getLogger("webhook.leader")
 
 JITTER = 1.2  # client-go's JitterFactor: a candidate retries after 1 to 2.2 retry periods
@@ -64,19 +66,6 @@ class LeaseSettings:
                 "leader election needs 0 < retry_period < renew_deadline < lease_duration, got "
                 f"{self.retry_period}, {self.renew_deadline} and {self.lease_duration}"
             )
-
-
-class MicroTime(datetime.datetime):
-    """A metav1.MicroTime. The client writes times with isoformat(), which drops a zero
-    fraction, while the API server parses MicroTime as RFC 3339 with exactly six digits."""
-
-    def isoformat(self, sep: str = "T", timespec: str = "auto") -> str:
-        return self.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-    @classmethod
-    def of(cls, moment: datetime.datetime) -> MicroTime:
-        zone = moment.tzinfo or datetime.UTC  # the client parses times with their zone
-        return cls(*moment.timetuple()[:6], moment.microsecond, tzinfo=zone)
 
 
 @dataclass(frozen=True)

@@ -99,8 +99,8 @@ class ApiWriter:
 
     async def snapshot_runtime(self, namespace: str, name: str, uid: str, value: str) -> None:
         """Writes the runtime snapshot annotation on a TrainJob with a merge patch (other
-        annotations stay). The uid in the patch makes the API server refuse it (409) for a
-        TrainJob recreated under the same name."""
+        annotations stay). The uid in the patch keeps it off a TrainJob recreated under the same
+        name: the API server refuses to change a uid (422 Invalid; 404 if the name is gone)."""
         r = TRAINJOBS
         body = {"metadata": {"uid": uid, "annotations": {SNAPSHOT_ANNOTATION: value}}}
         await self._call(

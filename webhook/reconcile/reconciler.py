@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("webhook.reconciler")
 
 CONTROLLER = "trainjob-scheduling"
+EXPECTATION_TTL = 30.0  # seconds a created object stands in for its missing watch event
 MULTIKUEUE = "kueue.x-k8s.io/multikueue"  # the job runs on a worker cluster: no local pods
 JsonObject = dict[str, Any]
 
@@ -81,7 +82,7 @@ class Reconciler:
         self._deleted: set[str] = set()  # uids deleted whose DELETED event has not come yet
         # Objects created whose ADDED event has not come yet: the next pass must not create
         # them again (client-go's "expectations").
-        self._created: dict[tuple[str, str, str], JsonObject] = {}
+        self._created: dict[tuple[str, str, str], tuple[float, JsonObject]] = {}
         self._waiting: dict[tuple[str, str, str], set[Key]] = {}  # runtime -> TrainJobs
         cache.trainjobs.subscribe(self._trainjob_changed)
         cache.workloads.subscribe(self._owned_changed)
@@ -97,6 +98,7 @@ class Reconciler:
         while not self._caches_synced():
             await asyncio.sleep(0.1)
         self.queue = queue
+        self._created.clear()  # a new term starts from the caches alone
         log.info("reconciling", extra={"fields": {"workers": self.settings.workers}})
         self.resync()
         tasks = [asyncio.create_task(self._worker(queue)) for _ in range(self.settings.workers)]
@@ -216,9 +218,14 @@ class Reconciler:
             return DONE  # no spec.scheduling: not ours
         assert trainjob.metadata.uid is not None
         namespace, name = key
-        await self.writer.snapshot_runtime(
-            namespace, name, trainjob.metadata.uid, snapshot(checked.runtime)
-        )
+        try:
+            await self.writer.snapshot_runtime(
+                namespace, name, trainjob.metadata.uid, snapshot(checked.runtime)
+            )
+        except ApiException as err:
+            if err.status in (404, 409, 422):  # gone, or another TrainJob now has the name
+                return Result(self.settings.wait_retry)
+            raise
         log.info(
             "runtime snapshot written",
             extra={"fields": {"trainjob": "/".join(key), "runtime": f"{kind}/{ref}"}},
@@ -338,7 +345,7 @@ class Reconciler:
         meta = obj["metadata"]
         if self._stored(obj["kind"], meta["namespace"], meta["name"]) is None:
             # Until the watch brings it (if it already has, there is nothing to remember).
-            self._created[(obj["kind"], meta["namespace"], meta["name"])] = created
+            self._created[(obj["kind"], meta["namespace"], meta["name"])] = (self.clock(), created)
         note = f"created {obj['kind']} {meta['name']!r}"
         self.events.record(trainjob, "Normal", "Created", "Create", note)
         return created
@@ -351,6 +358,7 @@ class Reconciler:
         except ApiException as err:
             if err.status not in (404, 409):  # gone already, or replaced by a newer object
                 raise
+            return  # its DELETED event has come or will: nothing to wait for
         if isinstance(uid, str):
             self._deleted.add(uid)
         note = f"deleted {kind} {meta['name']!r}: {why}"
@@ -361,7 +369,14 @@ class Reconciler:
         entry = store.get(namespace, name)
         if entry is not None:
             return entry.raw
-        return self._created.get((kind, namespace, name))
+        created = self._created.get((kind, namespace, name))
+        if created is None:
+            return None
+        if self.clock() - created[0] > EXPECTATION_TTL:
+            # Its ADDED event never came (deleted again inside a watch gap): stop believing it.
+            del self._created[(kind, namespace, name)]
+            return None
+        return created[1]
 
     def _owned(self, uid: str) -> bool:
         return bool(self.workloads.owned_by(uid) or self.pod_groups.owned_by(uid))
