@@ -17,12 +17,13 @@ import orjson
 from kubernetes.aio.client import ApiClient
 
 from .cache import Cache, GangApi
+from .client import POD_GROUPS, WORKLOADS
 from .informer import Informer
 
 log = logging.getLogger("webhook.discovery")
 
-GROUP_VERSION = "scheduling.k8s.io/v1beta1"
-NEEDED = frozenset({"workloads", "podgroups"})
+GROUP_VERSION = f"{WORKLOADS.group}/{WORKLOADS.version}"
+NEEDED = frozenset({WORKLOADS.plural, POD_GROUPS.plural})
 
 
 async def gang_api_state(api: ApiClient, timeout: float = 10.0) -> GangApi:

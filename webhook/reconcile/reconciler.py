@@ -24,6 +24,7 @@ from ..core.lifecycle import is_finished, wants_gang
 from ..core.plan import Plan, PlanningError, build_plan
 from ..core.snapshot import snapshot, snapshot_of
 from ..core.trainer import TrainJob
+from ..core.validation import CheckedRuntime
 from ..kube.cache import Cache, EventType, Key, key_of
 from ..kube.events import EventRecorder
 from ..kube.writer import ApiWriter
@@ -188,10 +189,10 @@ class Reconciler:
                 return DONE  # finished before we ever saw it: nothing to make or remove
             # Suspended ones too (Kueue creates TrainJobs suspended): the runtime is frozen when
             # the TrainJob is new, not when quota lets it run.
-            runtime_or_wait = await self._take_snapshot(key, raw, trainjob)
-            if isinstance(runtime_or_wait, Result):
-                return runtime_or_wait
-            runtime = runtime_or_wait
+            taken = await self._take_snapshot(key, raw, trainjob)
+            if isinstance(taken, Result):
+                return taken
+            runtime = taken
         try:
             plan = build_plan(trainjob, runtime)
         except PlanningError as err:
@@ -202,7 +203,9 @@ class Reconciler:
             return await self._remove_all(raw, trainjob.metadata.uid, "")
         return await self._converge(raw, plan)
 
-    async def _take_snapshot(self, key: Key, raw: JsonObject, trainjob: TrainJob) -> Any:
+    async def _take_snapshot(
+        self, key: Key, raw: JsonObject, trainjob: TrainJob
+    ) -> CheckedRuntime | Result:
         """Freezes the runtime into the TrainJob; a Result when there is nothing to do yet."""
         kind, ref = trainjob.runtime_kind, trainjob.spec.runtime_ref.name or ""
         checked = self.cache.runtime(kind, trainjob.namespace, ref)

@@ -197,9 +197,15 @@ def identity(environ: Mapping[str, str] | None = None) -> str:
 
 
 def background(
-    api: ApiClient, cache: Cache, settings: Settings, metrics: Metrics
+    api: ApiClient,
+    cache: Cache,
+    settings: Settings,
+    metrics: Metrics,
+    me: str,
+    lease: LeaseSettings | None,
 ) -> list[Coroutine[Any, Any, None]]:
-    """The watches, discovery and (when enabled) the leader-elected reconciler."""
+    """The watches, discovery and (when enabled) the reconciler; with `lease`, leader-elected.
+    `me` names this replica in Events."""
     r = settings.reconcile
 
     def restarted(resource: str) -> None:
@@ -209,7 +215,6 @@ def background(
         i.run() for i in informers(api, cache, r.namespaces, restarted)
     ]
     reconciler: Reconciler | None = None
-    me = identity()
     if r.enabled:
         events = EventRecorder(
             api,
@@ -245,10 +250,9 @@ def background(
     )
     if reconciler is None:
         return jobs
-    if not r.leader_elect:
+    if lease is None:
         jobs.append(reconciler.run())
         return jobs
-    lease = lease_settings(settings, me)
     leader = metrics.leader.labels(name=r.lease_name)
     leader.set(0)
     elector = LeaderElector(api, lease, on_change=lambda leading: leader.set(int(leading)))
@@ -272,8 +276,10 @@ def lease_settings(settings: Settings, identity: str) -> LeaseSettings:
 
 
 async def serve(settings: Settings) -> None:
-    if settings.reconcile.enabled and settings.reconcile.leader_elect:
-        lease_settings(settings, "check")  # bad durations stop the start, not the leader
+    me = identity()
+    r = settings.reconcile
+    # Built before anything starts: bad durations stop the start, not the leader later.
+    lease = lease_settings(settings, me) if r.enabled and r.leader_elect else None
     metrics = Metrics()
     tls = ReloadingContext(settings.cert_dir / "tls.crt", settings.cert_dir / "tls.key", metrics)
     tls.reload()
@@ -297,7 +303,7 @@ async def serve(settings: Settings) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, service.stop)
-    jobs = background(api, cache, settings, metrics) if api else []
+    jobs = background(api, cache, settings, metrics, me, lease) if api else []
     tasks = [asyncio.create_task(job) for job in jobs]
     try:
         await service.run(tasks)
