@@ -1,6 +1,7 @@
 """Where a TrainJob is in its life, as far as its gang is concerned (pure: no I/O).
 
-Rule 8(e): a TrainJob has its Workload and PodGroups while it is neither suspended nor finished.
+Rule 8(e): a TrainJob has its Workload and PodGroups while it is neither suspended nor finished
+(nor dispatched by MultiKueue to a worker cluster, where its pods run).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from .trainer import TrainJob
 from .validation import CheckedRuntime
 
 FINISHED_CONDITIONS = ("Complete", "Failed")
+MULTIKUEUE = "kueue.x-k8s.io/multikueue"  # the job runs on a worker cluster: no local pods
 
 
 def is_finished(trainjob: TrainJob) -> bool:
@@ -18,7 +20,18 @@ def is_finished(trainjob: TrainJob) -> bool:
 
 def wants_gang(trainjob: TrainJob) -> bool:
     """Whether the TrainJob's gang objects should exist (given a runtime with scheduling)."""
-    return trainjob.spec.suspend is not True and not is_finished(trainjob)
+    return no_gang_reason(trainjob) is None
+
+
+def no_gang_reason(trainjob: TrainJob) -> str | None:
+    """Why the TrainJob has no gang now; None when it should have one."""
+    if trainjob.spec.suspend is True:
+        return "the TrainJob is suspended"
+    if trainjob.spec.managed_by == MULTIKUEUE:
+        return "the TrainJob runs on a MultiKueue worker cluster"
+    if is_finished(trainjob):
+        return "the TrainJob has finished"
+    return None
 
 
 def gang_exists(trainjob: TrainJob | None, runtime: CheckedRuntime | None) -> bool:

@@ -20,7 +20,7 @@ from ..backends.native import NativeBackend, pod_group, workload
 from ..core.defaults import controller_ref, is_trainjob_ref
 from ..core.drift import Drift, controlled_by, pod_group_drift, workload_drift
 from ..core.fields import parse
-from ..core.lifecycle import is_finished, wants_gang
+from ..core.lifecycle import is_finished, no_gang_reason
 from ..core.plan import Plan, PlanningError, build_plan
 from ..core.snapshot import snapshot, snapshot_of
 from ..core.trainer import TrainJob
@@ -38,7 +38,6 @@ log = logging.getLogger("webhook.reconciler")
 
 CONTROLLER = "trainjob-scheduling"
 EXPECTATION_TTL = 30.0  # seconds a created object stands in for its missing watch event
-MULTIKUEUE = "kueue.x-k8s.io/multikueue"  # the job runs on a worker cluster: no local pods
 JsonObject = dict[str, Any]
 
 
@@ -183,7 +182,7 @@ class Reconciler:
             return DONE
         frozen = snapshot_of(raw)
         runtime = self.cache.snapshot_runtime(frozen) if frozen is not None else None
-        wanted = wants_gang(trainjob) and trainjob.spec.managed_by != MULTIKUEUE
+        no_gang = no_gang_reason(trainjob)
         if runtime is None:
             if is_finished(trainjob) and not self._owned(trainjob.metadata.uid):
                 return DONE  # finished before we ever saw it: nothing to make or remove
@@ -199,8 +198,9 @@ class Reconciler:
             note = f"cannot plan its gang: {err.errors[0]}"
             self.events.record(raw, "Warning", "InvalidScheduling", "Reconcile", note)
             return DONE
-        if plan is None or not wanted:
-            return await self._remove_all(raw, trainjob.metadata.uid, "")
+        if plan is None or no_gang is not None:
+            why = no_gang or "the runtime has no spec.scheduling"
+            return await self._remove_all(raw, why, recreate=False)
         return await self._converge(raw, plan)
 
     async def _take_snapshot(
@@ -323,19 +323,21 @@ class Reconciler:
             note = f"{kind} {meta['name']!r}: gang.minCount updated in place"
             self.events.record(trainjob, "Normal", "Updated", "Update", note)
         elif drift.kind == "recreate":
-            uid = controlled_uid(trainjob)
-            return await self._remove_all(trainjob, uid, f"{kind} drifted: {drift.reason}")
+            why = f"{kind} drifted: {drift.reason}"
+            return await self._remove_all(trainjob, why, recreate=True)
         return None
 
-    async def _remove_all(self, trainjob: JsonObject, uid: str | None, why: str) -> Result:
-        """PodGroups first, then the Workload (rule 8(e)); only objects this TrainJob controls."""
+    async def _remove_all(self, trainjob: JsonObject, why: str, *, recreate: bool) -> Result:
+        """PodGroups first, then the Workload (rule 8(e)); only objects this TrainJob controls.
+        With `recreate`, look again once they are gone."""
+        uid = _meta(trainjob).get("uid")
         removed = False
         for kind, index in (("PodGroup", self.pod_groups), ("Workload", self.workloads)):
-            for obj in index.owned_by(uid):
+            for obj in index.owned_by(uid if isinstance(uid, str) else None):
                 if _meta(obj).get("uid") not in self._deleted:
-                    await self._delete(trainjob, kind, obj, why or _removal_reason(trainjob))
+                    await self._delete(trainjob, kind, obj, why)
                     removed = True
-        return Result(self.settings.wait_retry) if removed and why else DONE
+        return Result(self.settings.wait_retry) if removed and recreate else DONE
 
     async def _create(self, trainjob: JsonObject, obj: JsonObject) -> JsonObject | None:
         """Creates `obj`; None when its name is taken (the cache will tell by whom)."""
@@ -455,20 +457,6 @@ class Reconciler:
         m.reconcile_time.labels(controller=CONTROLLER).observe(self.clock() - started)
         if result == "error":
             m.reconcile_errors.labels(controller=CONTROLLER).inc()
-
-
-def controlled_uid(trainjob: JsonObject) -> str | None:
-    uid = _meta(trainjob).get("uid")
-    return uid if isinstance(uid, str) else None
-
-
-def _removal_reason(trainjob: JsonObject) -> str:
-    spec = trainjob.get("spec") or {}
-    if spec.get("suspend") is True:
-        return "the TrainJob is suspended"
-    if spec.get("managedBy") == MULTIKUEUE:
-        return "the TrainJob runs on a MultiKueue worker cluster"
-    return "the TrainJob has finished"
 
 
 def _meta(obj: JsonObject) -> JsonObject:
