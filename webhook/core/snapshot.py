@@ -32,8 +32,11 @@ def from_annotations(annotations: Mapping[str, Any] | None) -> Runtime | None:
     """The runtime frozen in a TrainJob's annotations; None when there is none (or it is not
     readable: then the reconciler takes a fresh snapshot rather than guessing)."""
     text = (annotations or {}).get(SNAPSHOT_ANNOTATION)
-    if not isinstance(text, str):
-        return None
+    return from_text(text) if isinstance(text, str) else None
+
+
+def from_text(text: str) -> Runtime | None:
+    """The runtime in a snapshot annotation's value; None when it is not readable."""
     try:
         raw = orjson.loads(text)
     except orjson.JSONDecodeError:

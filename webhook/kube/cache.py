@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from ..core.fields import parse
 from ..core.plan import Plan, PlanningError, build_plan
-from ..core.snapshot import SNAPSHOT_ANNOTATION, from_annotations, snapshot_of
+from ..core.snapshot import from_text, snapshot_of
 from ..core.trainer import CLUSTER_RUNTIME_KIND, NAMESPACED_RUNTIME_KIND, Runtime, TrainJob
 from ..core.validation import CheckedRuntime, check_stored_runtime
 
@@ -221,7 +221,7 @@ class Cache:
         version share the text)."""
         checked = self._snapshots.get(text)
         if checked is None:
-            runtime = from_annotations({SNAPSHOT_ANNOTATION: text})
+            runtime = from_text(text)
             if runtime is None:
                 return None
             checked = check_stored_runtime(runtime)
