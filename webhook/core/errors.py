@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,11 +101,15 @@ class FieldError:
         return ": ".join(parts)
 
 
+MAX_VALUE_TEXT = 200  # a value (a list of every ReplicatedJob, say) is cut to this many characters
+
+
 def _render_value(value: Any) -> str:
     try:
-        return json.dumps(value, separators=(",", ":"), sort_keys=True)
-    except (TypeError, ValueError):
-        return repr(value)
+        text = json.dumps(value, separators=(",", ":"), sort_keys=True)
+    except (TypeError, ValueError, RecursionError):
+        text = repr(value)
+    return text if len(text) <= MAX_VALUE_TEXT else text[: MAX_VALUE_TEXT - 3] + "..."
 
 
 def required(path: Path, detail: str) -> FieldError:
@@ -143,8 +147,19 @@ def too_many(path: Path, count: int, limit: int, detail: str = "") -> FieldError
     return FieldError(ErrorType.TOO_MANY, str(path), f"{text}; {detail}" if detail else text)
 
 
-def render(kind: str, name: str, errors: Iterable[FieldError]) -> str:
+MAX_SHOWN = 20  # errors in one message: a hostile object could carry thousands
+
+
+def shown(errors: Sequence[FieldError]) -> tuple[list[FieldError], int]:
+    """The errors a denial shows, and how many more there are."""
+    return list(errors[:MAX_SHOWN]), max(len(errors) - MAX_SHOWN, 0)
+
+
+def render(kind: str, name: str, errors: Sequence[FieldError]) -> str:
     """The API server's message for an invalid object: `Kind "name" is invalid: [e1, e2]`."""
-    errs = [str(e) for e in errors]
+    first, more = shown(errors)
+    errs = [str(e) for e in first]
+    if more:
+        errs.append(f"and {more} more errors")
     body = errs[0] if len(errs) == 1 else "[" + ", ".join(errs) + "]"
     return f'{kind} "{name}" is invalid: {body}'

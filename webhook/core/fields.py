@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import pydantic
 
 from . import errors as fe
+from . import limits
 from .errors import FieldError, Path
 from .naming import is_dns_label
-from .trainer import GroupSettings, Model
+from .trainer import GroupSettings, Model, Runtime, TrainJob
 
 MAX_CLAIMS = 4  # MaxPodGroupResourceClaims
 MAX_TOPOLOGY = 1
@@ -32,13 +33,28 @@ _TYPE_MESSAGES = {
     "int_type": "must be an integer",
     "int_parsing": "must be an integer",
     "int_from_float": "must be an integer",
+    "int_parsing_size": "must be an integer of at most 2147483647 (an int32)",
+    "finite_number": "must be an integer",
     "bool_type": "must be true or false",
     "bool_parsing": "must be true or false",
 }
 
 
+_LIST_BOUNDS: dict[type[Model], Callable[[Mapping[str, Any]], list[FieldError]]] = {
+    Runtime: limits.runtime_list_errors,
+    TrainJob: limits.trainjob_list_errors,
+}
+
+
 def parse(model: type[M], raw: Mapping[str, Any]) -> tuple[M | None, list[FieldError]]:
-    """The typed object, or the field errors that stop it from being one."""
+    """The typed object, or the field errors that stop it from being one.
+
+    The raw object is bounded first (`limits`): depth, size and the typed lists, so neither
+    building the model nor anything done with it later can grow past those bounds.
+    """
+    bounded = limits.shape_errors(raw, _LIST_BOUNDS.get(model))
+    if bounded:
+        return None, bounded
     try:
         return model.model_validate(raw), []
     except pydantic.ValidationError as exc:
@@ -59,7 +75,7 @@ def _shown(value: Any) -> Any:
     """The offending value as the message shows it, cut short when it is large."""
     try:
         text = json.dumps(value, separators=(",", ":"), sort_keys=True)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RecursionError):
         return repr(value)[:80]
     return value if len(text) <= 80 else text[:77] + "..."
 
