@@ -13,6 +13,7 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
+from .layout import MAX_ENTRIES, MAX_TEMPLATES
 from .plan import GroupPlan, Plan
 from .trainer import TRAINER_GROUP, TRAINJOB_KIND
 
@@ -39,8 +40,8 @@ def with_default_policies(runtime: Mapping[str, Any]) -> dict[str, Any]:
         if scheduling.get("schedulingPolicy") is None:
             scheduling["schedulingPolicy"] = copy.deepcopy(GANG_DEFAULT)
         return out
-    if not isinstance(entries, list):
-        return out
+    if not isinstance(entries, list) or len(entries) > MAX_ENTRIES:
+        return out  # validation rejects more entries than a runtime may have
     entries = scheduling["replicatedJobs"] = list(entries)
     for i, entry in enumerate(entries):
         if not isinstance(entry, dict):
@@ -124,10 +125,16 @@ def lacks_min_count(policy: Any) -> bool:
 
 
 def workload_lacks_min_count(workload: Mapping[str, Any]) -> bool:
+    """A gang template without minCount, in a Workload the API server could accept (one with
+    more templates than it allows is left for it to refuse)."""
     spec = workload.get("spec")
     templates = spec.get("podGroupTemplates") if isinstance(spec, dict) else None
-    return isinstance(templates, list) and any(
-        isinstance(t, dict) and lacks_min_count(t.get("schedulingPolicy")) for t in templates
+    return (
+        isinstance(templates, list)
+        and len(templates) <= MAX_TEMPLATES
+        and any(
+            isinstance(t, dict) and lacks_min_count(t.get("schedulingPolicy")) for t in templates
+        )
     )
 
 

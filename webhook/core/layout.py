@@ -9,12 +9,13 @@ can never disagree.
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass, field
 from typing import Literal
 
 from . import errors as fe
 from .errors import FieldError, Path
-from .graph import IN_ORDER, Ordering, build_edges, ordering
+from .graph import IN_ORDER, Names, Ordering, build_edges, ordering
 from .startup import REPLICATED_JOBS, dependency_errors, progress_errors
 from .trainer import (
     GROUP_SETTING_FIELDS,
@@ -66,9 +67,10 @@ class GroupLayout:
     deferred: tuple[str, ...] = ()
     """Targets whose pods appear only after the gang is admitted (Ready dependents)."""
 
-    @property
+    @functools.cached_property
     def counted(self) -> tuple[str, ...]:
-        return tuple(t for t in self.targets if t not in self.deferred)
+        deferred = frozenset(self.deferred)
+        return tuple(t for t in self.targets if t not in deferred)
 
 
 @dataclass(frozen=True)
@@ -124,6 +126,16 @@ class _Builder:
     groups: list[GroupLayout] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     errors: list[FieldError] = field(default_factory=list)
+    templates: int = 0
+    """Templates the runtime resolves to, counted before any is built: groups are made only
+    while the count stays within MAX_TEMPLATES (a level-3 entry may ask for 2**31 of them)."""
+
+    widest_job: tuple[int, str] = (0, "")
+    """The level-3 target with the most replicas, and that count, for the too-many message."""
+
+    def room(self, count: int) -> bool:
+        self.templates += max(count, 0)
+        return self.templates <= MAX_TEMPLATES
 
     def group(
         self,
@@ -136,12 +148,12 @@ class _Builder:
         resolved = resolve_settings(settings)
         deferred: tuple[str, ...] = ()
         if resolved.policy == "gang" and len(targets) > 1:
-            members = set(targets)
-            deferred = tuple(t for t in targets if self.order.ancestors[t] & members)
+            members = self.order.of(targets)
+            deferred = tuple(t for t in targets if self.order.ancestors(t) & members)
             for t in deferred:
-                if self.order.complete_before[t] & members:
+                if self.order.complete_before(t) & members:
                     continue  # rejected as a deadlock instead (_reject_complete_inside)
-                first = sorted(self.order.ancestors[t] & members)[0]
+                first = (self.order.ancestors(t) & members).first()
                 self.warnings.append(
                     f'scheduling: "{t}" starts after "{first}": it joins its gang later, '
                     "outside minCount"
@@ -171,7 +183,7 @@ class _Builder:
         }
         for what, values in fields.items():
             if len(set(values.values())) > 1:
-                shown = ", ".join(f"{t}={v or '(unset)'}" for t, v in values.items())
+                shown = ", ".join(f"{t}={v or '(unset)'}" for t, v in list(values.items())[:8])
                 self.errors.append(
                     fe.invalid(
                         where,
@@ -184,8 +196,17 @@ class _Builder:
         return next(iter(fields["priorityClassName"].values()), None)
 
 
-def _names(names: list[str]) -> str:
-    return ", ".join(f'"{n}"' for n in names)
+def _names(names: list[str], more: int = 0) -> str:
+    """Quoted names for a message; `more` says how many were left out of `names`."""
+    text = ", ".join(f'"{n}"' for n in names)
+    return f"{text} and {more} more" if more else text
+
+
+SHOWN_NAMES = 5  # names a message lists before "and N more"
+
+
+def _some(names: Names) -> str:
+    return _names(names.sorted(SHOWN_NAMES), max(len(names) - SHOWN_NAMES, 0))
 
 
 def resolve_layout(runtime: Runtime) -> Layout | None:
@@ -217,20 +238,36 @@ def resolve_layout(runtime: Runtime) -> Layout | None:
 
     entries = scheduling.replicated_jobs
     where = SCHEDULING.child("replicatedJobs") if entries is not None else SCHEDULING
-    count = len(b.groups)
+    count = b.templates
     if count > MAX_TEMPLATES and len(entries or []) <= MAX_ENTRIES:
         if entries is None:
             why = f"splits into {count} gangs, one per ReplicatedJob (a Complete dependency)"
             fix = "use replicatedJobs entries to group them instead"
-        else:
-            why = f"resolves to {count} PodGroup templates (a job entry makes one per replica)"
+        elif b.widest_job[0] > 1:
+            replicas, name = b.widest_job
+            why = (
+                f"resolves to {count} PodGroup templates: a job entry makes one per replica, "
+                f'and "{name}" has replicas {replicas}'
+            )
             fix = "target fewer replicas with job entries or merge entries"
+        else:
+            why = f"resolves to {count} PodGroup templates"
+            fix = "merge entries"
         b.errors.append(
             fe.too_many(
                 where,
                 count,
                 MAX_TEMPLATES,
                 f"this runtime {why}; a Workload holds at most 8: {fix}",
+            )
+        )
+    if count == 0 and rj_list and not b.errors:
+        b.errors.append(
+            fe.invalid(
+                where,
+                "(no groups)",
+                "spec.scheduling yields no PodGroup: its job entries target only ReplicatedJobs "
+                "with replicas 0; target a ReplicatedJob that runs, or remove spec.scheduling",
             )
         )
     if not has_cycle:
@@ -243,29 +280,27 @@ def resolve_layout(runtime: Runtime) -> Layout | None:
 
 def _level_one(scheduling: GroupSettings, rj_list: list[ReplicatedJob], b: _Builder) -> None:
     names = tuple(rj.name for rj in rj_list)
-    splitters = [
-        (rj.name, sorted(b.order.complete_before[rj.name]))
-        for rj in rj_list
-        if b.order.complete_before[rj.name]
-    ]
-    if policy_kind(scheduling) == "gang" and splitters:
-        who, waits = splitters[0]
+    who = next((n for n in names if b.order.complete_before(n)), None)
+    if policy_kind(scheduling) == "gang" and who is not None:
+        waits = b.order.complete_before(who)
         b.warnings.append(
-            f'scheduling: gang split per ReplicatedJob: "{who}" waits for "{waits[0]}" to Complete'
+            f'scheduling: gang split per ReplicatedJob: "{who}" waits for "{waits.first()}" to '
+            "Complete"
         )
         if scheduling.resource_claims:
             b.errors.append(
                 fe.forbidden(
                     SCHEDULING.child("resourceClaims"),
-                    f'"{who}" waits for {_names(waits)} to Complete, so this runtime gets one '
+                    f'"{who}" waits for {_some(waits)} to Complete, so this runtime gets one '
                     "gang per ReplicatedJob and a TrainJob-wide claim cannot be shared by "
                     "them; move the claims into spec.scheduling.replicatedJobs entries",
                 )
             )
-        for name in names:
-            b.group(GroupKind.SPLIT, (name,), scheduling, SCHEDULING)
+        if b.room(len(names)):
+            for name in names:
+                b.group(GroupKind.SPLIT, (name,), scheduling, SCHEDULING)
         return
-    if names:
+    if names and b.room(1):
         b.group(GroupKind.TRAINJOB, names, scheduling, SCHEDULING)
 
 
@@ -311,7 +346,9 @@ def _entries(scheduling: Scheduling, rj_list: list[ReplicatedJob], b: _Builder) 
                     fe.duplicate(tpath.index(j), name, "list each ReplicatedJob once per entry")
                 )
             elif name not in b.rjs:
-                known = ", ".join(rj.name for rj in rj_list) or "none"
+                known = ", ".join(rj.name for rj in rj_list[:10]) or "none"
+                if len(rj_list) > 10:
+                    known += f", and {len(rj_list) - 10} more"
                 b.errors.append(
                     fe.invalid(
                         tpath.index(j),
@@ -351,23 +388,24 @@ def _entries(scheduling: Scheduling, rj_list: list[ReplicatedJob], b: _Builder) 
             continue
         if policy_kind(entry) == "gang":
             _reject_complete_inside(targets, tpath, b)
-        b.group(GroupKind.REPLICATED_JOBS, tuple(targets), entry, tpath)
+        if b.room(1):
+            b.group(GroupKind.REPLICATED_JOBS, tuple(targets), entry, tpath)
 
     return tuple(rj.name for rj in rj_list if rj.name not in targeted)
 
 
 def _reject_complete_inside(targets: list[str], tpath: Path, b: _Builder) -> None:
-    members = set(targets)
+    members = b.order.of(targets)
     for t in targets:
-        waits = sorted(b.order.complete_before[t] & members)
+        waits = b.order.complete_before(t) & members
         if waits:
             b.errors.append(
                 fe.invalid(
                     tpath,
                     targets,
-                    f'"{t}" starts only after {_names(waits)} is Complete, so their pods never '
+                    f'"{t}" starts only after {_some(waits)} is Complete, so their pods never '
                     "run together and one gang would wait forever; give "
-                    f"{_names(waits)} its own replicatedJobs entry (typically basic)",
+                    f"{_some(waits)} its own replicatedJobs entry (typically basic)",
                 )
             )
 
@@ -397,5 +435,18 @@ def _job_entry(
         return
     assert entry.job is not None
     rj = b.rjs[targets[0]]
-    for index in range(rj.replica_count):
-        b.group(GroupKind.JOB, (rj.name,), entry.job, where.child("targetReplicatedJobs"), index)
+    tpath = where.child("targetReplicatedJobs")
+    if rj.replica_count == 0 and policy_kind(entry.job) == "gang":
+        b.errors.append(
+            fe.invalid(
+                tpath,
+                raw,
+                f'an entry with job makes one gang per Job, but "{rj.name}" has replicas 0, so '
+                "its gang would have no pod to wait for; raise replicas or use "
+                "schedulingPolicy basic",
+            )
+        )
+    b.widest_job = max(b.widest_job, (rj.replica_count, rj.name))
+    if b.room(rj.replica_count):  # counted first: replicas may be 2**31 - 1
+        for index in range(rj.replica_count):
+            b.group(GroupKind.JOB, (rj.name,), entry.job, tpath, index)

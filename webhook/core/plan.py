@@ -86,7 +86,9 @@ def pod_group_for_labels(plan: Plan, labels: Mapping[str, str]) -> str | None:
         return None
     rj = labels.get(REPLICATED_JOB_NAME)
     index = labels.get(JOB_INDEX, "")
-    if rj is None or not index.isdigit():
+    # An int32 index in ASCII digits (isdigit alone admits "²", which int() refuses); webhooks
+    # see labels before the API server validates them.
+    if rj is None or not (index.isascii() and index.isdigit() and len(index) <= 10):
         return None
     return plan.pod_group_for(rj, int(index))
 

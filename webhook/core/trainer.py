@@ -114,6 +114,9 @@ class PodSpec(Model):
     scheduling_group: Any = None
 
 
+_NO_POD_SPEC = PodSpec()  # read only: what a ReplicatedJob without a pod spec reads as
+
+
 class PodTemplate(Model):
     metadata: ObjectMeta | None = None
     spec: PodSpec | None = None
@@ -154,7 +157,7 @@ class ReplicatedJob(Model):
     def pod_spec(self) -> PodSpec:
         spec = self.template.spec if self.template else None
         tmpl = spec.template if spec else None
-        return tmpl.spec if tmpl and tmpl.spec else PodSpec()
+        return tmpl.spec if tmpl and tmpl.spec else _NO_POD_SPEC
 
 
 class StartupPolicy(Model):

@@ -14,13 +14,13 @@ from . import errors as fe
 from .errors import FieldError, Path
 from .fields import check_group_settings, parse, unknown_fields
 from .layout import SCHEDULING, Layout, resolve_layout
+from .limits import MAX_INT32
 from .naming import is_dns_label
 from .podcounts import effective_num_nodes, group_size, uses_num_nodes
 from .startup import REPLICATED_JOBS
 from .trainer import CLUSTER_RUNTIME_KIND, Runtime, Scheduling, TrainJob
 
 MAX_RJ_NAME = 20  # Trainer v2.4 (#4391)
-MAX_INT32 = 2**31 - 1  # gang.minCount is an int32
 OWNED = "must not be set, it is owned by the TrainJob controller"
 
 _RFC1035 = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -141,11 +141,12 @@ def _size_errors(runtime: Runtime, layout: Layout) -> list[FieldError]:
     errs: list[FieldError] = []
     for i, rj in enumerate(runtime.replicated_jobs):
         where = REPLICATED_JOBS.index(i)
-        if rj.replicas is not None and rj.replicas < 0:
-            errs.append(fe.invalid(where.child("replicas"), rj.replicas, "must be >= 0"))
-        if rj.parallelism < 0:
-            parallelism = where.child("template", "spec", "parallelism")
-            errs.append(fe.invalid(parallelism, rj.parallelism, "must be >= 0"))
+        if rj.replicas is not None:
+            errs += int32_errors(where.child("replicas"), rj.replicas)
+        errs += int32_errors(where.child("template", "spec", "parallelism"), rj.parallelism)
+    ml = runtime.spec.ml_policy
+    if ml is not None and ml.num_nodes is not None:
+        errs += int32_errors(Path("spec", "mlPolicy", "numNodes"), ml.num_nodes)
     index = {rj.name: i for i, rj in reversed(list(enumerate(runtime.replicated_jobs)))}
     for group in layout.groups:
         size = group_size(group, runtime, 1)
@@ -169,6 +170,15 @@ def _size_errors(runtime: Runtime, layout: Layout) -> list[FieldError]:
                 )
             )
     return errs
+
+
+def int32_errors(path: Path, value: int) -> list[FieldError]:
+    """A count the JobSet and Trainer schemas type int32: 0 to 2147483647."""
+    if value < 0:
+        return [fe.invalid(path, value, "must be >= 0")]
+    if value > MAX_INT32:
+        return [fe.invalid(path, value, f"must be at most {MAX_INT32} (an int32)")]
+    return []
 
 
 def validate_runtime(raw: Mapping[str, Any], old_raw: Mapping[str, Any] | None = None) -> Verdict:
@@ -274,8 +284,8 @@ def check_trainjob(
 def _num_nodes_errors(trainjob: TrainJob, runtime: Runtime, layout: Layout) -> list[FieldError]:
     npath = Path("spec", "trainer", "numNodes")
     num_nodes = trainjob.num_nodes
-    if num_nodes is not None and num_nodes < 0:
-        return [fe.invalid(npath, num_nodes, "must be >= 0")]
+    if num_nodes is not None and (errs := int32_errors(npath, num_nodes)):
+        return errs
     fallback = " (unset, so the runtime's mlPolicy.numNodes applies)" if num_nodes is None else ""
     by_name = {rj.name: rj for rj in runtime.replicated_jobs}
     gangs = [g for g in layout.groups if g.policy == "gang"]
