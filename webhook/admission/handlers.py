@@ -46,7 +46,8 @@ def denied(review: Review, errors: Sequence[FieldError], warnings: Sequence[str]
             "group": review.group,
             "kind": review.kind,
             "causes": [
-                {"reason": e.type.reason, "message": e.body, "field": e.path} for e in errors
+                {"reason": e.type.reason, "message": e.body, "field": e.path}
+                for e in fe.shown(errors)[0]
             ],
         },
     )

@@ -16,6 +16,8 @@ API_VERSION = "admission.k8s.io/v1"
 KIND = "AdmissionReview"
 OPERATIONS = frozenset({"CREATE", "UPDATE", "DELETE", "CONNECT"})
 MAX_WARNING = 120  # the reference's limit: longer ones may be cut by the API server or clients
+MAX_WARNINGS = 12  # the API server keeps about 4 KB of warnings per request; a hostile object
+# could produce thousands (one per unknown field)
 
 
 class BadReview(ValueError):
@@ -170,9 +172,18 @@ def encode(uid: str, decision: Decision) -> tuple[bytes, int]:
             status["details"] = decision.details
         response["status"] = status
     if decision.warnings:
-        response["warnings"] = [_cap(w) for w in decision.warnings]
+        response["warnings"] = shown_warnings(decision.warnings)
     body = orjson.dumps({"apiVersion": API_VERSION, "kind": KIND, "response": response})
     return body, len(patch)
+
+
+def shown_warnings(warnings: list[str]) -> list[str]:
+    """The warnings an answer carries: each cut to MAX_WARNING characters, at most MAX_WARNINGS
+    of them (the last one then says how many were left out)."""
+    if len(warnings) > MAX_WARNINGS:
+        more = len(warnings) - MAX_WARNINGS + 1
+        warnings = [*warnings[: MAX_WARNINGS - 1], f"{more} more warnings not shown"]
+    return [_cap(w) for w in warnings]
 
 
 def _cap(warning: str) -> str:

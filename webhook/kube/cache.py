@@ -79,7 +79,7 @@ class Store:
             if key is None:
                 continue
             old = self._entries.get(key)
-            if old is not None and old.raw == raw:
+            if old is not None and _same(old.raw, raw):
                 fresh[key] = old
                 continue
             fresh[key] = Entry(raw)
@@ -114,6 +114,15 @@ class Store:
     ) -> None:
         for listener in self._listeners:
             listener(event, old, new)
+
+
+def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Equal objects; one nested past Python's recursion limit (the API server stores up to
+    its own limit) counts as changed rather than failing the list."""
+    try:
+        return a == b
+    except RecursionError:
+        return False
 
 
 @dataclass(frozen=True)
