@@ -259,7 +259,9 @@ _SERVE_OPTIONS: list[tuple[str, str, Any, str, str]] = [
     ("--max-body-bytes", "MAX_BODY_BYTES", _positive(int), str(6 * 1024 * 1024),
      "larger AdmissionReview bodies get 413"),
     ("--header-timeout", "HEADER_TIMEOUT", _positive(float), "10",
-     "seconds a request's headers may take (slow clients get 408)"),
+     "seconds a request's headers (and the TLS handshake) may take (slow clients get 408)"),
+    ("--max-header-bytes", "MAX_HEADER_BYTES", _positive(int), str(64 * 1024),
+     "larger request header sections get 431"),
     ("--body-timeout", "BODY_TIMEOUT", _positive(float), "10",
      "seconds a request's body may take (slow clients get 408)"),
     ("--log-level", "LOG_LEVEL", str.lower, "info", "debug, info, warning or error"),
@@ -375,6 +377,7 @@ def serve_command(args: argparse.Namespace) -> int:
         shutdown_timeout=args.shutdown_timeout,
         shutdown_delay=args.shutdown_delay,
         header_timeout=args.header_timeout,
+        max_header_bytes=args.max_header_bytes,
         limits=Limits(max_body_bytes=args.max_body_bytes, body_timeout=args.body_timeout),
     )
     try:

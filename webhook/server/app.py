@@ -22,7 +22,15 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Route
 
-from ..admission.review import BadReview, Decision, Review, encode, errored, parse
+from ..admission.review import (
+    BadReview,
+    Decision,
+    Review,
+    encode,
+    errored,
+    parse,
+    shown_warnings,
+)
 from ..admission.routes import WEBHOOKS, Webhook
 from ..kube.cache import Cache
 from ..metrics.registry import Metrics
@@ -42,6 +50,11 @@ Send = Callable[[Message], Awaitable[None]]
 class Limits:
     max_body_bytes: int = 6 * 1024 * 1024  # object + oldObject at the 1.5 MiB etcd limit, and more
     body_timeout: float = 10.0  # the API server gives up after timeoutSeconds (at most 30) anyway
+
+
+# After these the rest of the body is unread (or the client is too slow to wait for): the
+# connection cannot carry another request, and keeping it would let a trickling client hold it.
+_CLOSING = frozenset({408, 413})
 
 
 class _BodyError(Exception):
@@ -80,6 +93,8 @@ async def _read_body(receive: Receive, scope: Scope, limits: Limits) -> bytes:
 
 async def _send(send: Send, status: int, body: bytes) -> None:
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if status in _CLOSING:
+        headers.append((b"connection", b"close"))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
@@ -171,7 +186,7 @@ class AdmissionEndpoint:
                 dry_run=review.dry_run,
             )
         if decision.warnings:
-            fields["warnings"] = decision.warnings
+            fields["warnings"] = shown_warnings(decision.warnings)
         if decision.note:
             fields["note"] = decision.note
         if not decision.allowed:

@@ -1,48 +1,159 @@
-"""uvicorn's httptools protocol, plus a deadline for request headers.
+"""uvicorn's httptools protocol, with the limits a server facing the network needs.
 
-uvicorn closes idle keep-alive connections, but a client that opens a connection and then sends
-nothing, or sends its headers a byte at a time (slowloris), holds the connection and its memory
-for ever. Here every request's headers must be complete within `header_timeout` seconds of the
-connection opening (after the TLS handshake, which asyncio bounds itself) or of the request's
-first byte; otherwise the client gets `408 Request Timeout` and the connection is closed. The
-body has its own deadline in the endpoint (`Limits.body_timeout`).
+* **Header deadline.** uvicorn closes idle keep-alive connections, but a client that opens a
+  connection and then sends nothing, or sends its headers a byte at a time (slowloris), holds the
+  connection and its memory for ever. Here every request's headers must be complete within
+  `header_timeout` seconds of the connection opening (the TLS handshake has the same deadline,
+  see `servers.py`) or of the request's first byte; otherwise the client gets `408 Request
+  Timeout` and the connection is closed. The body has its own deadline in the endpoint.
+* **Header size.** httptools buffers a header of any size until it ends; a header section over
+  `max_header_bytes` gets `431 Request Header Fields Too Large` and the connection is closed.
+* **Draining.** When the service shuts down (`Drain.begin`), answers carry `Connection: close`
+  so clients move to another replica, and a connection is closed only between requests: one
+  idle at that moment is closed after `Drain.idle_grace` seconds without a request, so a request
+  already on its way is answered rather than cut off (uvicorn would close it at once).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 log = logging.getLogger("webhook.admission")
 
-_BODY = b'{"error":"request headers not received in time"}'
-REQUEST_TIMEOUT = (
-    b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
-    b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(_BODY), _BODY)
-)
+
+def _response(status: bytes, message: str) -> bytes:
+    body = b'{"error":"%s"}' % message.encode()
+    return (
+        b"HTTP/1.1 %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
+        b"connection: close\r\n\r\n%s" % (status, len(body), body)
+    )
 
 
-class HeaderDeadlineProtocol(HttpToolsProtocol):
+REQUEST_TIMEOUT = _response(b"408 Request Timeout", "request headers not received in time")
+HEADERS_TOO_LARGE = _response(b"431 Request Header Fields Too Large", "request headers too large")
+
+
+class Drain:
+    """The connections of one server, told together when the server starts to shut down."""
+
+    def __init__(self, idle_grace: float = 1.0) -> None:
+        self.idle_grace = idle_grace
+        self.draining = False
+        self._connections: weakref.WeakSet[HardenedProtocol] = weakref.WeakSet()
+
+    def add(self, connection: HardenedProtocol) -> None:
+        self._connections.add(connection)
+        if self.draining:
+            connection.drain()
+
+    def discard(self, connection: HardenedProtocol) -> None:
+        self._connections.discard(connection)
+
+    def begin(self) -> None:
+        """From now on every answer closes its connection; idle ones close after the grace."""
+        if self.draining:
+            return
+        self.draining = True
+        for connection in list(self._connections):
+            connection.drain()
+
+
+class HardenedProtocol(HttpToolsProtocol):
     header_timeout: float = 10.0
+    max_header_bytes: int = 64 * 1024
+    drainer: Drain | None = None  # set on the webhook server's protocol class only
+
     _header_deadline: asyncio.TimerHandle | None = None
+    _idle_close: asyncio.TimerHandle | None = None
+    _in_body = False  # between the end of a request's headers and the end of its body
+    _receiving = False  # a request has begun and its headers are not complete
+    _header_bytes = 0
+    _headers_done = 0  # header sections completed on this connection
+    _draining = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._arm()
+        if self.drainer is not None:
+            self.drainer.add(self)
+
+    def data_received(self, data: bytes) -> None:
+        in_body, done = self._in_body, self._headers_done
+        super().data_received(data)
+        # Counted: chunks that began and ended within one header section (one that opens after
+        # a body in the same chunk is counted from its next chunk on).
+        if in_body or self._headers_done != done or self.transport.is_closing():
+            return
+        self._header_bytes += len(data)
+        if self._header_bytes > self.max_header_bytes:
+            self._refuse(431, HEADERS_TOO_LARGE, "headers too large")
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self._receiving = True
+        self._cancel_idle_close()
         self._arm()
 
     def on_headers_complete(self) -> None:
         self._disarm()
+        self._receiving = False
+        self._in_body = True
+        self._header_bytes = 0
+        self._headers_done += 1
         super().on_headers_complete()
+        if self._draining and self.cycle is not None:
+            self.cycle.keep_alive = False  # the answer says Connection: close
+
+    def on_message_complete(self) -> None:
+        self._in_body = False
+        super().on_message_complete()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._cancel_idle_close()
+        if self.drainer is not None:
+            self.drainer.discard(self)
         super().connection_lost(exc)
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self._draining and self._idle():
+            self._close_when_idle()
+
+    def shutdown(self) -> None:
+        """uvicorn's shutdown closes idle connections at once; with a drainer, they are drained."""
+        if self.drainer is None:
+            super().shutdown()
+        else:
+            self.drain()
+
+    def drain(self) -> None:
+        self._draining = True
+        if self.cycle is not None and not self.cycle.response_complete:
+            self.cycle.keep_alive = False
+        if self._idle():
+            self._close_when_idle()
+
+    def _idle(self) -> bool:
+        return not self._receiving and (self.cycle is None or self.cycle.response_complete)
+
+    def _close_when_idle(self) -> None:
+        if self._idle_close is None and self.drainer is not None:
+            self._idle_close = self.loop.call_later(self.drainer.idle_grace, self._idle_expired)
+
+    def _idle_expired(self) -> None:
+        self._idle_close = None
+        if self._idle() and not self.transport.is_closing():
+            self.transport.close()
+
+    def _cancel_idle_close(self) -> None:
+        if self._idle_close is not None:
+            self._idle_close.cancel()
+            self._idle_close = None
 
     def _arm(self) -> None:
         self._disarm()
@@ -55,19 +166,27 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
 
     def _expire(self) -> None:
         self._header_deadline = None
-        if self.transport.is_closing():
-            return
+        if not self.transport.is_closing():
+            self._refuse(408, REQUEST_TIMEOUT, "headers too slow")
+
+    def _refuse(self, status: int, answer: bytes, why: str) -> None:
+        """Answers a request whose headers are not acceptable, and closes the connection."""
         if self.cycle is None or self.cycle.response_complete:  # nothing in flight to answer
             log.warning(
                 "request rejected",
-                extra={
-                    "fields": {"status": 408, "error": "headers too slow", "client": self.client}
-                },
+                extra={"fields": {"status": status, "error": why, "client": self.client}},
             )
-            self.transport.write(REQUEST_TIMEOUT)
+            self.transport.write(answer)
         self.transport.close()
 
 
-def with_header_timeout(seconds: float) -> type[HeaderDeadlineProtocol]:
-    """The protocol class to give uvicorn (`Config(http=...)`) for a given deadline."""
-    return type("HeaderDeadlineProtocol", (HeaderDeadlineProtocol,), {"header_timeout": seconds})
+def protocol_class(
+    header_timeout: float, max_header_bytes: int = 64 * 1024, drain: Drain | None = None
+) -> type[HardenedProtocol]:
+    """The protocol class to give uvicorn (`Config(http=...)`) for these limits."""
+    attrs = {
+        "header_timeout": header_timeout,
+        "max_header_bytes": max_header_bytes,
+        "drainer": drain,
+    }
+    return type("HardenedProtocol", (HardenedProtocol,), attrs)

@@ -36,8 +36,9 @@ from ..metrics.registry import Metrics
 from ..reconcile.reconciler import CONTROLLER, Reconciler, ReconcilerSettings
 from ..tls.reload import ReloadingContext
 from .app import Limits, Readiness, admission_app, health_app
+from .protocol import Drain
 from .reviewlog import ReviewLog
-from .servers import QuietServer, server
+from .servers import MAX_HEADER_BYTES, QuietServer, server
 
 log = logging.getLogger("webhook.serve")
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
@@ -71,6 +72,7 @@ class Settings:
     namespace: str = ""  # the service's own (the Lease's); empty: the pod's, else "default"
     cert_poll_seconds: float = 5.0
     header_timeout: float = 10.0  # a request's headers must arrive within this (slowloris)
+    max_header_bytes: int = MAX_HEADER_BYTES  # larger header sections get 431
     shutdown_timeout: float = 25.0  # under the pod's default 30 s grace period
     shutdown_delay: float = 0.0  # keep serving (not ready) this long after SIGTERM
     limits: Limits = field(default_factory=Limits)
@@ -78,7 +80,14 @@ class Settings:
 
 
 def _server(app: Any, settings: Settings, port: int, **extra: Any) -> QuietServer:
-    return server(app, settings.host, port, settings.header_timeout, **extra)
+    return server(
+        app,
+        settings.host,
+        port,
+        settings.header_timeout,
+        max_header_bytes=settings.max_header_bytes,
+        **extra,
+    )
 
 
 def _synced(store: Store) -> Callable[[], bool]:
@@ -105,11 +114,13 @@ class Service:
         checks["not-stopping"] = lambda: not self.stopping
         self.readiness = Readiness(checks)
         s = settings
+        self.drain = Drain()
         self.webhooks = _server(
             admission_app(cache, s.limits, review_log, metrics=self.metrics),
             s,
             s.port,
             tls=tls,
+            drain=self.drain,
             timeout_graceful_shutdown=math.ceil(s.shutdown_timeout),
             # Longer than the API server's idle connections (Go: 90 s), so it never sends a
             # review on a connection this end is closing.
@@ -121,11 +132,14 @@ class Service:
         )
 
     def stop(self) -> None:
-        """Not ready at once; after `shutdown_delay` (time for the endpoints to drop this pod)
-        stop accepting connections and let in-flight reviews finish."""
+        """Not ready at once, and every answer from now on closes its connection (clients move
+        to another replica); after `shutdown_delay` (time for the endpoints to drop this pod)
+        stop accepting connections, answer what arrives on open ones, and let in-flight reviews
+        finish."""
         if self.stopping:
             return
         self.stopping = True
+        self.drain.begin()
         delay = self.settings.shutdown_delay
         log.info("shutting down", extra={"fields": {"accepting_for_seconds": delay}})
 

@@ -1,24 +1,65 @@
 """uvicorn as every server of the service runs it: our logs only, no lifespan, no signal
-handling of its own (the service decides when its servers stop), a deadline for headers."""
+handling of its own (the service decides when its servers stop), a deadline for the TLS
+handshake and for headers, a bound on header size, and (for the webhooks) draining on shutdown."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import socket
 from collections.abc import Iterator
 from typing import Any
 
 import uvicorn
 
 from ..tls.reload import ReloadingContext
-from .protocol import with_header_timeout
+from .protocol import Drain, protocol_class
+
+MAX_HEADER_BYTES = 64 * 1024  # Go's net/http allows 1 MiB, nginx 8-32 KiB; the API server sends ~1
+# How long a closing TLS connection waits for the peer's close_notify (asyncio: 30 s). Go's TLS
+# server does not wait at all; a peer that never answers must not hold the connection.
+TLS_SHUTDOWN_TIMEOUT = 2.0
 
 
 class QuietServer(uvicorn.Server):
-    """uvicorn without its own signal handling."""
+    """uvicorn without its own signal handling, with a deadline for TLS handshakes."""
+
+    handshake_timeout: float = 10.0
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's start on pre-bound sockets (the only way the service starts it), with TLS
+        deadlines: uvicorn leaves the handshake at asyncio's 60 s (a client that connects and
+        never starts it holds the connection that long) and the shutdown at 30 s."""
+        assert sockets is not None, "the service always binds its own sockets"
+        await self.lifespan.startup()
+        config = self.config
+        loop = asyncio.get_running_loop()
+
+        def create_protocol(_loop: asyncio.AbstractEventLoop | None = None) -> asyncio.Protocol:
+            protocol: asyncio.Protocol = config.http_protocol_class(  # type: ignore[call-arg]
+                config=config,
+                server_state=self.server_state,
+                app_state=self.lifespan.state,
+                _loop=_loop,
+            )
+            return protocol
+
+        tls: dict[str, Any] = {}
+        if config.ssl is not None:
+            tls = {
+                "ssl": config.ssl,
+                "ssl_handshake_timeout": self.handshake_timeout,
+                "ssl_shutdown_timeout": TLS_SHUTDOWN_TIMEOUT,
+            }
+        self.servers = [
+            await loop.create_server(create_protocol, sock=sock, backlog=config.backlog, **tls)
+            for sock in sockets
+        ]
+        self.started = True
 
 
 def server(
@@ -27,9 +68,12 @@ def server(
     port: int,
     header_timeout: float,
     tls: ReloadingContext | None = None,
+    max_header_bytes: int = MAX_HEADER_BYTES,
+    drain: Drain | None = None,
     **extra: Any,
 ) -> QuietServer:
-    """A server for `app`; with `tls`, on its certificate (new connections get a rotated one).
+    """A server for `app`; with `tls`, on its certificate (new connections get a rotated one);
+    with `drain`, its connections drain when `drain.begin()` is called.
     Serve it with `await server.serve([listen(host, port)])`; stop it with `should_exit`."""
     if tls is not None:
         extra["ssl_context_factory"] = lambda config, default: tls.context
@@ -37,11 +81,13 @@ def server(
         app,
         host=host,
         port=port,
-        http=with_header_timeout(header_timeout),
+        http=protocol_class(header_timeout, max_header_bytes, drain),
         log_config=None,
         access_log=False,
         lifespan="off",
         proxy_headers=False,  # clients talk to us directly; no proxy layer to trust
         **extra,
     )
-    return QuietServer(config)
+    quiet = QuietServer(config)
+    quiet.handshake_timeout = header_timeout
+    return quiet
