@@ -610,6 +610,71 @@ def m_token(draw: st.DrawFn, m: Mutant) -> None:
     m.doc = set_at(m.doc, path, m.raw(draw(st.sampled_from(BAD_TOKENS))))
 
 
+# Numbers a tenant controls that the core's work could grow with: counts at int32 and int64
+# extremes (orjson writes up to 2**64 - 1; beyond that the API server sends floats).
+EXTREME_INTS = st.sampled_from(
+    [0, -1, 2**31 - 1, 2**31, -(2**31), 2**63 - 1, -(2**63), 2**64 - 1, 1e23, 2.0]
+)
+# Fields the core reads, relative to the request's object ("*": every item of a list there).
+CORE_FIELDS: tuple[JsonPath, ...] = (
+    ("spec", "template", "spec", "replicatedJobs", "*", "replicas"),
+    ("spec", "template", "spec", "replicatedJobs", "*", "template", "spec", "parallelism"),
+    ("spec", "template", "spec", "replicatedJobs", "*", "dependsOn"),
+    ("spec", "template", "spec", "replicatedJobs", "*", "name"),
+    ("spec", "mlPolicy", "numNodes"),
+    ("spec", "scheduling"),
+    ("spec", "scheduling", "replicatedJobs", "*", "targetReplicatedJobs"),
+    ("spec", "scheduling", "replicatedJobs", "*", "job"),
+    ("spec", "scheduling", "replicatedJobs", "*", "schedulingPolicy"),
+    ("spec", "trainer", "numNodes"),
+    ("spec", "runtimeRef", "name"),
+    ("metadata", "labels"),
+    ("spec", "podGroupTemplates", "*", "schedulingPolicy", "gang", "minCount"),
+    ("spec", "schedulingPolicy", "gang", "minCount"),
+)
+
+
+def core_paths(obj: Any) -> list[JsonPath]:
+    """The CORE_FIELDS that can be set in `obj` (their parent exists), '*' resolved."""
+    found: list[JsonPath] = []
+    for pattern in CORE_FIELDS:
+        prefixes: list[JsonPath] = [()]
+        for key in pattern[:-1]:
+            step: list[JsonPath] = []
+            for prefix in prefixes:
+                value = get_at(obj, prefix)
+                if key == "*" and isinstance(value, list):
+                    step += [(*prefix, i) for i in range(len(value))]
+                elif isinstance(value, dict) and isinstance(value.get(key), dict | list):
+                    step.append((*prefix, key))
+            prefixes = step
+        found += [
+            (*prefix, pattern[-1]) for prefix in prefixes if isinstance(get_at(obj, prefix), dict)
+        ]
+    return found
+
+
+def m_count(draw: st.DrawFn, m: Mutant) -> None:
+    """A count the core reads (replicas, parallelism, numNodes, minCount) at an extreme."""
+    req = m.request()
+    obj = req.get("object") if req is not None else None
+    paths = core_paths(obj) if isinstance(obj, dict) else []
+    if paths:
+        path = draw(st.sampled_from(paths))
+        get_at(obj, path[:-1])[path[-1]] = draw(EXTREME_INTS)
+
+
+def m_deep_field(draw: st.DrawFn, m: Mutant) -> None:
+    """Deep nesting in a field the core reads, at a depth that fits orjson's limit."""
+    req = m.request()
+    obj = req.get("object") if req is not None else None
+    paths = core_paths(obj) if isinstance(obj, dict) else []
+    if paths:
+        path = draw(st.sampled_from(paths))
+        depth = draw(st.sampled_from([63, 64, 65, 300, 1000]))
+        get_at(obj, path[:-1])[path[-1]] = m.raw(b'{"a":' * depth + b"1" + b"}" * depth)
+
+
 MUTATIONS: tuple[Callable[[st.DrawFn, Mutant], None], ...] = (
     m_delete,
     m_delete,
@@ -625,6 +690,9 @@ MUTATIONS: tuple[Callable[[st.DrawFn, Mutant], None], ...] = (
     m_labels,
     m_deep,
     m_token,
+    m_count,
+    m_count,
+    m_deep_field,
 )
 
 

@@ -37,6 +37,15 @@ RJ_NAMES = [
     "0x",
 ]
 TOPOLOGY_KEYS = ["topology.kubernetes.io/zone", "example.com/rack", "rack", "Bad Key", ""]
+# Counts a tenant may write that the work must never grow with: int32 and int64 extremes.
+EXTREMES = [2**31 - 1, 2**31, 2**63 - 1, 2**64 - 1, -(2**31), -(2**63)]
+
+
+def count(draw: st.DrawFn, usual: list[int | None], sloppy: bool) -> int | None:
+    """Mostly a usual count; in sloppy runtimes now and then an extreme one."""
+    if sloppy and draw(st.integers(0, 9)) == 0:
+        return draw(st.sampled_from(EXTREMES))
+    return draw(st.sampled_from(usual))
 
 
 @st.composite
@@ -92,13 +101,13 @@ def runtimes(draw: st.DrawFn, sloppy: bool = True) -> Json:
             rj(
                 name,
                 ancestor=draw(st.sampled_from([None, "trainer", "dataset-initializer"])),
-                replicas=draw(st.sampled_from([None, 1, 2, 3] + ([0] if sloppy else []))),
-                parallelism=draw(st.sampled_from([None, 1, 2, 4] + ([0] if sloppy else []))),
+                replicas=count(draw, [None, 1, 2, 3] + ([0] if sloppy else []), sloppy),
+                parallelism=count(draw, [None, 1, 2, 4] + ([0] if sloppy else []), sloppy),
                 depends=[d for d in deps if d[0] != name],
                 priority_class=draw(st.sampled_from([None, None, "high"] if sloppy else [None])),
             )
         )
-    ml: Json = {"numNodes": draw(st.integers(1, 4))} if draw(st.booleans()) else {}
+    ml: Json = {"numNodes": count(draw, [1, 2, 3, 4], sloppy)} if draw(st.booleans()) else {}
     if mpi:
         ml["mpi"] = {"runLauncherAsNode": draw(st.booleans())}
     else:
@@ -143,7 +152,7 @@ dns1035 = st.from_regex(r"\A[a-z]([-a-z0-9]{0,61}[a-z0-9])?\Z")
 @st.composite
 def trainjobs(draw: st.DrawFn) -> Json:
     spec: Json = {"runtimeRef": {"name": "generated"}}
-    num_nodes = draw(st.sampled_from([None, 0, 1, 2, 3, 8, 100]))
+    num_nodes = count(draw, [None, 0, 1, 2, 3, 8, 100], sloppy=True)
     if num_nodes is not None:
         spec["trainer"] = {"numNodes": num_nodes}
     return {
@@ -241,7 +250,9 @@ def _check_plan(plan: Plan, raw_runtime: Json, raw_trainjob: Json) -> None:
             assert g.min_count is None
     # Every pod of the TrainJob is in exactly one group, or none when untargeted.
     for job in raw_runtime["spec"]["template"]["spec"]["replicatedJobs"]:
-        for index in range(job.get("replicas", 1)):
+        replicas = job.get("replicas", 1)
+        # The first Jobs and the last (replicas may be 2**31 - 1: the check must not loop).
+        for index in sorted({i for i in (0, 1, 2, replicas - 1) if 0 <= i < replicas}):
             holders = [
                 g
                 for g in plan.groups
@@ -370,3 +381,54 @@ def test_gangs_that_validate_never_wait_on_each_other(raw_runtime: Json) -> None
         assert plan is not None
         _check_plan(plan, raw_runtime, raw_trainjob)
         assert _never_runs(plan, raw_runtime, None) == set()
+
+
+def depth_of(value: Any) -> int:
+    """Nesting depth in objects and lists, counted apart from the service's own walk."""
+    if isinstance(value, dict):
+        return 1 + max((depth_of(v) for v in value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max((depth_of(v) for v in value), default=0)
+    return 0
+
+
+def containers(value: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """The paths of every object in `value` (where a key can be added)."""
+    found = [path] if isinstance(value, dict) else []
+    items = (
+        value.items()
+        if isinstance(value, dict)
+        else enumerate(value)
+        if isinstance(value, list)
+        else ()
+    )
+    for key, child in items:
+        found += containers(child, (*path, key))
+    return found
+
+
+@settings(max_examples=200, deadline=None)
+@given(runtimes(), trainjobs(), st.data())
+def test_deep_values_anywhere_are_denied_never_crash(
+    raw_runtime: Json, raw_trainjob: Json, data: st.DataObject
+) -> None:
+    """A value nested up to a few hundred levels put anywhere in a runtime or TrainJob: no
+    exception, and denied (naming the depth) exactly when the object nests deeper than 64."""
+    target = data.draw(st.sampled_from(["runtime", "trainjob"]))
+    obj = raw_runtime if target == "runtime" else raw_trainjob
+    where = data.draw(st.sampled_from(containers(obj)))
+    value: Any = data.draw(st.sampled_from([0, "x", [], {}]))
+    for _ in range(data.draw(st.sampled_from([1, 30, 55, 62, 63, 64, 65, 100, 300]))):
+        value = {"a": value} if data.draw(st.booleans()) else [value]
+    parent = obj
+    for key in where:
+        parent = parent[key]
+    parent[data.draw(st.sampled_from(["deep", "scheduling", "numNodes", "labels"]))] = value
+    too_deep = depth_of(obj) > 64
+    runtime_verdict = validate_runtime(raw_runtime)
+    runtime = Runtime.model_validate(raw_runtime) if target == "trainjob" else None
+    verdict = runtime_verdict if target == "runtime" else validate_trainjob(raw_trainjob, runtime)
+    if too_deep:
+        assert not verdict.allowed
+        assert any("nested more than 64 levels deep" in str(e) for e in verdict.errors)
+    event(f"{target} too deep={too_deep} allowed={verdict.allowed}")
