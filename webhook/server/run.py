@@ -281,7 +281,8 @@ async def serve(settings: Settings) -> None:
     # Built before anything starts: bad durations stop the start, not the leader later.
     lease = lease_settings(settings, me) if r.enabled and r.leader_elect else None
     metrics = Metrics()
-    tls = ReloadingContext(settings.cert_dir / "tls.crt", settings.cert_dir / "tls.key", metrics)
+    d = settings.cert_dir
+    tls = ReloadingContext(d / "tls.crt", d / "tls.key", metrics, ca_file=d / "ca.crt")
     tls.reload()
     try:
         api = await connect(settings.kubeconfig)
