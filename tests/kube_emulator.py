@@ -331,6 +331,14 @@ class VersionedEmulator(KubernetesEmulator):
     def open_watches(self) -> int:
         return len(self._open_watches)
 
+    def changes(self, resource: kmock.resource) -> list[tuple[str, Json]]:
+        """Every stored change to `resource` so far, in order: (ADDED/MODIFIED/DELETED, object)."""
+        return [
+            (entry.event["type"], copy.deepcopy(entry.event["object"]))
+            for entry in self._journal
+            if entry.resource == resource
+        ]
+
     def compact(self) -> None:
         """Forget the history so far: a watch from any version before now gets 410 Gone."""
         self._compacted = self._rv

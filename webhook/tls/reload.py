@@ -40,10 +40,12 @@ class ReloadingContext:
         key_file: Path,
         metrics: Metrics | None = None,
         ca_file: Path | None = None,
+        missing_ok: bool = False,
     ) -> None:
         self.cert_file = cert_file
         self.key_file = key_file
         self.ca_file = ca_file  # where the issuing CA is, if anywhere: only for its expiry metric
+        self.missing_ok = missing_ok  # files not written yet are no problem (self-managed)
         self.metrics = metrics  # counts reads as controller-runtime's certwatcher does
         self.context = server_context()  # the one uvicorn holds
         self.context.sni_callback = self._choose
@@ -68,7 +70,8 @@ class ReloadingContext:
         try:
             cert, digest = self._read()
         except OSError as err:
-            self._problem("certificate not readable", str(err))
+            if not (self.missing_ok and isinstance(err, FileNotFoundError)):
+                self._problem("certificate not readable", str(err))
             return False
         if digest == self._digest:
             return False

@@ -201,10 +201,15 @@ def valid_at(cert: x509.Certificate, now: dt.datetime) -> bool:
     return cert.not_valid_before_utc <= now < cert.not_valid_after_utc
 
 
+def renewal_time(cert: x509.Certificate) -> dt.datetime:
+    """When a third of its life is left."""
+    start, end = cert.not_valid_before_utc, cert.not_valid_after_utc
+    return end - (end - start) * RENEW_WHEN_LEFT
+
+
 def due(cert: x509.Certificate, now: dt.datetime) -> bool:
     """Time to renew: expired, or less than a third of its life left."""
-    start, end = cert.not_valid_before_utc, cert.not_valid_after_utc
-    return now >= end - (end - start) * RENEW_WHEN_LEFT
+    return now >= renewal_time(cert)
 
 
 def signed_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
