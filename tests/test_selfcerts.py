@@ -16,12 +16,16 @@ import contextlib
 import datetime as dt
 import hashlib
 import logging
+import os
 import ssl
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import kmock
 import orjson
 import pytest
@@ -29,7 +33,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 from kmock._internal.rendering import Response
 
-from tests.harness import fixture, fixture_cache, free_port
+from tests.harness import ServerProcess, fixture, fixture_cache, free_port, server_process
 from tests.kube_emulator import (
     MUTATING_CONFIGS,
     SECRETS,
@@ -41,17 +45,18 @@ from tests.kube_emulator import (
     emulator,
     eventually,
     json_patch,
+    kubeconfig,
+    next_requests,
     status_object,
 )
 from webhook.kube.informer import Backoff
 from webhook.kube.selfcerts import SelfCertSettings, SelfManagedCerts
 from webhook.metrics.registry import Metrics
+from webhook.server.certificates import resolve
 from webhook.server.run import Service, Settings
 from webhook.tls import selfmanaged as sm
 from webhook.tls.certs import CertSpec, issue, pem
 from webhook.tls.reload import ReloadingContext
-
-pytestmark = pytest.mark.asyncio
 
 NS = "kubeflow-system"
 SECRET = "trainjob-scheduling-webhook-cert"
@@ -147,7 +152,10 @@ class Replica:
 
     @property
     def ready(self) -> bool:
-        return self.tls.loaded and self.certs.bundle_ready
+        for task in self.tasks:
+            if task.done():  # a crash fails the test at once, with its error
+                raise AssertionError(f"{self.name} stopped: {task.exception()!r}")
+        return self.tls.loaded and self.certs.bundle_ready and self.service.webhooks.started
 
     def served(self) -> bytes:
         assert self.certs.material is not None
@@ -281,6 +289,7 @@ async def seed(k: VersionedEmulator, material: sm.Material) -> None:
 # --- first start, a second replica, two at once --------------------------------------------------
 
 
+@pytest.mark.asyncio
 async def test_first_start_creates_the_secret_and_injects_the_ca_everywhere(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -314,6 +323,7 @@ async def test_first_start_creates_the_secret_and_injects_the_ca_everywhere(
     assert sum("injected the CA bundle into" in m for m in messages) == 2
 
 
+@pytest.mark.asyncio
 async def test_a_second_replica_reuses_the_secret(tmp_path: Path) -> None:
     async with emulator() as (k, url):
         await install_configs(k)
@@ -331,6 +341,7 @@ async def test_a_second_replica_reuses_the_secret(tmp_path: Path) -> None:
         assert len(k[kmock.action.CREATE, SECRETS, kmock.headers({"User-Agent": "b"})]) == 0
 
 
+@pytest.mark.asyncio
 async def test_two_replicas_starting_at_once_end_with_one_secret(tmp_path: Path) -> None:
     async with emulator() as (k, url):
         await install_configs(k)
@@ -354,6 +365,7 @@ async def test_two_replicas_starting_at_once_end_with_one_secret(tmp_path: Path)
 # --- renewal and a CA change, with a client that trusts only the configuration --------------------
 
 
+@pytest.mark.asyncio
 async def test_the_serving_certificate_is_renewed_before_expiry(tmp_path: Path) -> None:
     clock = Clock()
     # made eight months ago, less three minutes: due in a minute or so
@@ -380,6 +392,7 @@ async def test_the_serving_certificate_is_renewed_before_expiry(tmp_path: Path) 
         assert probe.presented[0] == old and secret_data(k)["ca.crt"] == made.material.bundle
 
 
+@pytest.mark.asyncio
 async def test_a_ca_change_never_breaks_a_client_of_the_configuration(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -440,6 +453,7 @@ async def test_a_ca_change_never_breaks_a_client_of_the_configuration(
 # --- repairs --------------------------------------------------------------------------------------
 
 
+@pytest.mark.asyncio
 async def test_an_emptied_or_wrong_ca_bundle_is_put_back(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -457,17 +471,21 @@ async def test_an_emptied_or_wrong_ca_bundle_is_put_back(
             wrong = base64.b64encode(b"-----BEGIN CERTIFICATE-----\nMIIB\n").decode()
             ops = [{"op": "replace", "path": "/webhooks/2/clientConfig/caBundle", "value": wrong}]
             await json_patch(k, VALIDATING_CONFIGS, None, VALIDATING, ops)
+
+            def injected() -> list[logging.LogRecord]:
+                return [r for r in caplog.records if "injected the CA bundle" in r.getMessage()]
+
             await eventually(lambda: everywhere(k, bundle), "put back", timeout=5)
-            await eventually(lambda: a.certs.bundle_ready, "ready again")
-    injected = [r for r in caplog.records if "injected the CA bundle" in r.getMessage()]
-    assert len(injected) == 4  # the first injection into each, then each repair
-    repairs = {r.getMessage().split()[5]: r.__dict__["fields"]["was"] for r in injected[2:]}
+            await eventually(lambda: len(injected()) == 4, "each repair said")  # after its answer
+            await eventually(lambda: a.ready, "ready again")
+    repairs = {r.getMessage().split()[5]: r.__dict__["fields"]["was"] for r in injected()[2:]}
     assert repairs == {
         "mutatingwebhookconfigurations": "empty",
         "validatingwebhookconfigurations": "another bundle",
     }
 
 
+@pytest.mark.asyncio
 async def test_a_deleted_secret_is_made_anew_and_injected_without_an_outage(tmp_path: Path) -> None:
     clock = Clock()
     async with emulator() as (k, url):
@@ -495,6 +513,7 @@ async def test_a_deleted_secret_is_made_anew_and_injected_without_an_outage(tmp_
         assert not probe.failures, probe.failures[:5]
 
 
+@pytest.mark.asyncio
 async def test_a_missing_permission_is_one_clear_error_and_not_ready(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -525,3 +544,121 @@ async def test_a_missing_permission_is_one_clear_error_and_not_ready(
     rbac: str = error.__dict__["fields"]["rbac"]
     assert f'resources: [secrets], resourceNames: ["{SECRET}"], verbs: [get, watch, update]' in rbac
     assert stored_secret(k) is None
+
+
+# --- the real serve process -----------------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def serving_self(tmp_path: Path, url: str, *extra: str) -> AsyncIterator[ServerProcess]:
+    """`python -m webhook serve --cert-management=self` against the emulator (which runs on this
+    test's loop, so all waiting here is asynchronous)."""
+    config = tmp_path / "kubeconfig"
+    config.write_text(kubeconfig(url))
+    unused = tmp_path / "unused-cert-dir"
+    unused.mkdir()
+    args = ["--kubeconfig", str(config), "--cert-management=self", "--namespace", NS]
+    args += ["--reconcile=false", "--cert-check-period", "0.2", *extra]
+    with server_process(unused, *args, wait=False) as proc:
+        async with httpx.AsyncClient(timeout=5) as client:
+            deadline = asyncio.get_running_loop().time() + 20
+            while True:
+                assert proc.process.poll() is None, proc.log_file.read_text()
+                with contextlib.suppress(httpx.HTTPError):
+                    await client.get(f"{proc.health_url}/healthz")
+                    break
+                assert asyncio.get_running_loop().time() < deadline, proc.log_file.read_text()
+                await asyncio.sleep(0.05)
+        try:
+            yield proc
+        finally:
+            proc.process.terminate()
+            for _ in range(600):  # the emulator must answer while the service shuts down
+                if proc.process.poll() is not None:
+                    break
+                await asyncio.sleep(0.05)
+
+
+async def failing(proc: ServerProcess) -> list[str]:
+    async with httpx.AsyncClient(timeout=5) as client:
+        answer = await client.get(f"{proc.health_url}/readyz")
+    return [] if answer.status_code == 200 else list(answer.json()["failing"])
+
+
+async def until_failing(proc: ServerProcess, expected: list[str]) -> None:
+    deadline = asyncio.get_running_loop().time() + 15
+    while (found := await failing(proc)) != expected:
+        assert asyncio.get_running_loop().time() < deadline, (found, proc.log_file.read_text())
+        await asyncio.sleep(0.05)
+
+
+@pytest.mark.asyncio
+async def test_serve_is_ready_once_it_may_and_the_bundle_is_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real process: forbidden to read its Secret at first (one error, not ready, no crash),
+    then allowed (as once the Role is fixed), then ready once the configurations exist."""
+    scratch = tmp_path / "tmp"  # the container's /tmp
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))
+    async with emulator() as (k, url):
+        gets = k[kmock.action.FETCH, SECRETS]
+        forbidden = status_object(403, "Forbidden", f'secrets "{SECRET}" is forbidden')
+        next_requests(gets, 2) << Response(status=403, payload=forbidden)
+        async with serving_self(tmp_path, url) as proc:
+            await until_failing(proc, ["certificate", "ca-bundle"])
+            await eventually(lambda: len(gets) >= 2, "retried", timeout=15)
+            assert proc.process.poll() is None
+            # allowed now: the certificate comes from the Secret it made; no configurations yet
+            await until_failing(proc, ["ca-bundle"])
+            await install_configs(k)
+            await until_failing(proc, [])
+            data = secret_data(k)
+            assert everywhere(k, data["ca.crt"])
+            port = int(proc.url.rsplit(":", 1)[1])
+            assert await review(port, carried(k)[0]) == (200, fingerprint(data["tls.crt"]))
+            assert [p.name[:14] for p in scratch.iterdir()] == ["webhook-certs-"]
+    assert proc.process.returncode == 0
+    assert list(scratch.iterdir()) == []  # removed on the way out
+    lines = proc.log_lines()
+    errors = [line for line in lines if line["level"] == "error"]
+    assert len(errors) == 1, errors
+    assert errors[0]["msg"].startswith(f'forbidden to get secrets "{SECRET}" in namespace "{NS}"')
+    assert "verbs: [get, watch, update]" in errors[0]["rbac"]
+    messages = [line["msg"] for line in lines]
+    assert "certificates are self-managed" in messages
+    assert f'can get secrets "{SECRET}" in namespace "{NS}" again' in messages
+    assert any(m.startswith("created the certificate Secret") for m in messages)
+    assert any("does not exist (yet)" in m for m in messages)
+
+
+def test_self_management_needs_a_cluster_and_good_names(tmp_path: Path) -> None:
+    def serve(*args: str) -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+        return subprocess.run(
+            [sys.executable, "-m", "webhook", "serve", *args],
+            capture_output=True, text=True, timeout=60, check=False, env=env,
+        )  # fmt: skip
+
+    alone = serve("--cert-management=self")
+    assert alone.returncode == 2
+    needs = "error: certificates: --cert-management=self keeps the certificate in a Secret, so "
+    assert needs + "it needs a cluster" in alone.stderr
+    config = tmp_path / "kubeconfig"
+    config.write_text(kubeconfig("http://127.0.0.1:9"))
+    bad = serve("--cert-management=self", "--kubeconfig", str(config), "--webhook-service-name=A_B")
+    assert bad.returncode == 2
+    assert "the webhook service 'A_B' is not a DNS label" in bad.stderr
+    assert "Traceback" not in alone.stderr + bad.stderr
+
+
+def test_auto_is_self_managed_only_inside_a_cluster(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    pod = {"KUBERNETES_SERVICE_HOST": "10.96.0.1"}
+    assert resolve("auto", pod, token) == "files"  # no service account mounted
+    token.write_text("t")
+    assert resolve("auto", pod, token) == "self"
+    assert resolve("auto", {}, token) == "files"
+    assert resolve("files", pod, token) == "files" and resolve("self", {}, token) == "self"
+    with pytest.raises(ValueError, match="must be one of auto, self, files"):
+        resolve("cert-manager", {}, token)

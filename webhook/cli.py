@@ -263,8 +263,27 @@ _SERVE_OPTIONS: list[tuple[str, str, Any, str, str]] = [
     ("--body-timeout", "BODY_TIMEOUT", _positive(float), "10",
      "seconds a request's body may take (slow clients get 408)"),
     ("--log-level", "LOG_LEVEL", str.lower, "info", "debug, info, warning or error"),
+    ("--cert-management", "CERT_MANAGEMENT", str.lower, "auto",
+     "files: tls.crt/tls.key in --cert-dir; self: a Secret this service keeps, its CA injected "
+     "into the webhook configurations; auto: self inside a cluster, else files"),
+    ("--cert-secret-name", "CERT_SECRET_NAME", str, "trainjob-scheduling-webhook-cert",
+     "the kubernetes.io/tls Secret of --cert-management=self"),
+    ("--cert-secret-namespace", "CERT_SECRET_NAMESPACE", str, "",
+     "its namespace (default: the service's, see --namespace)"),
+    ("--webhook-service-name", "SERVICE_NAME", str, "trainjob-scheduling-webhook",
+     "the Service in front of the webhooks: the certificate is for <name>.<namespace>.svc"),
+    ("--mutating-webhook-configuration", "MUTATING_WEBHOOK_CONFIGURATION", str,
+     "trainjob-scheduling-webhook", "whose webhooks get the CA bundle (empty: none)"),
+    ("--validating-webhook-configuration", "VALIDATING_WEBHOOK_CONFIGURATION", str,
+     "trainjob-scheduling-webhook", "whose webhooks get the CA bundle (empty: none)"),
+    ("--cert-check-period", "CERT_CHECK_PERIOD", _positive(float), "3600",
+     "seconds between certificate checks, besides every change the watches bring"),
 ]  # fmt: skip
 CONFIG_KEYS = {flag[2:] for flag, *_ in _SERVE_OPTIONS}
+_CHOICES = {
+    "--log-level": ["debug", "info", "warning", "error"],
+    "--cert-management": ["auto", "self", "files"],
+}
 
 
 def _add_serve(commands: Any, config: dict[str, Any]) -> None:
@@ -285,8 +304,8 @@ def _add_serve(commands: Any, config: dict[str, Any]) -> None:
         if isinstance(value, list):
             value = ",".join(str(v) for v in value)
         extra: dict[str, Any] = {}
-        if flag == "--log-level":
-            extra["choices"] = ["debug", "info", "warning", "error"]
+        if flag in _CHOICES:
+            extra["choices"] = _CHOICES[flag]
         if kind is _bool:
             extra["nargs"] = "?"  # `--reconcile` alone means true
             extra["const"] = "true"
@@ -344,6 +363,7 @@ def serve_command(args: argparse.Namespace) -> int:
     from .metrics.auth import AuthSettings
     from .server import logs
     from .server.app import Limits
+    from .server.certificates import CertSettings
     from .server.run import ReconcileSettings, Settings, StartupError, serve
 
     logs.configure(args.log_level)
@@ -376,6 +396,15 @@ def serve_command(args: argparse.Namespace) -> int:
         shutdown_delay=args.shutdown_delay,
         header_timeout=args.header_timeout,
         limits=Limits(max_body_bytes=args.max_body_bytes, body_timeout=args.body_timeout),
+        certs=CertSettings(
+            mode=args.cert_management,
+            secret_name=args.cert_secret_name,
+            secret_namespace=args.cert_secret_namespace,
+            service=args.webhook_service_name,
+            mutating=args.mutating_webhook_configuration,
+            validating=args.validating_webhook_configuration,
+            check_period=args.cert_check_period,
+        ),
     )
     try:
         import uvloop

@@ -18,13 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from kubernetes.aio.client import (
-    AdmissionregistrationV1Api,
-    ApiClient,
-    CoreV1Api,
-    V1ObjectMeta,
-    V1Secret,
-)
+from kubernetes.aio.client import ApiClient
 from kubernetes.aio.client.exceptions import ApiException
 
 from .informer import MIN_WATCH_SECONDS, Backoff, _event
@@ -58,11 +52,8 @@ async def _json(response: Any) -> Json:
     try:
         body = await response.read()
         if not 200 <= response.status < 300:
-            raise ApiException(
-                status=response.status,
-                reason=response.reason,
-                body=body[:500].decode(errors="replace"),
-            )
+            text = body[:500].decode(errors="replace")
+            raise ApiException(status=response.status, reason=response.reason, body=text)
         obj = orjson.loads(body)
     finally:
         response.release()
@@ -71,93 +62,101 @@ async def _json(response: Any) -> Json:
     return obj
 
 
-def secret(ref: Ref, data: dict[str, str], resource_version: str | None = None) -> V1Secret:
+def secret(ref: Ref, data: dict[str, str], resource_version: str | None = None) -> Json:
     """A kubernetes.io/tls Secret holding `data` (base64), labelled as this service's."""
-    return V1Secret(
-        api_version="v1",
-        kind="Secret",
-        metadata=V1ObjectMeta(
-            name=ref.name,
-            namespace=ref.namespace,
-            labels={"app.kubernetes.io/managed-by": "trainjob-scheduling-webhook"},
-            resource_version=resource_version,
-        ),
-        type="kubernetes.io/tls",
-        data=data,
-    )
+    meta: Json = {
+        "name": ref.name,
+        "namespace": ref.namespace,
+        "labels": {"app.kubernetes.io/managed-by": "trainjob-scheduling-webhook"},
+    }
+    if resource_version:
+        meta["resourceVersion"] = resource_version
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": meta,
+        "type": "kubernetes.io/tls",
+        "data": data,
+    }
 
 
 class Named:
-    """Requests for one object; each has a timeout."""
+    """Requests for one object, each with a timeout, through the client's own request path
+    (`param_serialize` + `call_api`, as its generated methods do: authentication, TLS and
+    retries are the client's). Not `CoreV1Api` itself: importing it costs 1.5 s of CPU."""
 
     def __init__(self, api: ApiClient, timeout: float = 10.0) -> None:
-        self.core = CoreV1Api(api)
-        self.hooks = AdmissionregistrationV1Api(api)
+        self.api = api
         self.timeout = timeout
 
-    def _method(self, verb: str, ref: Ref) -> Callable[..., Awaitable[Any]]:
-        names = {
-            SECRETS: f"{verb}_namespaced_secret",
-            MUTATING: f"{verb}_mutating_webhook_configuration",
-            VALIDATING: f"{verb}_validating_webhook_configuration",
-        }
-        api: Any = self.core if ref.resource == SECRETS else self.hooks
-        method: Callable[..., Awaitable[Any]] = getattr(
-            api, f"{names[ref.resource]}_without_preload_content"
-        )
-        return method
+    def _path(self, ref: Ref, *, one: bool = True) -> str:
+        if ref.resource == SECRETS:
+            path = f"/api/v1/namespaces/{ref.namespace}/secrets"
+        else:
+            path = f"/apis/admissionregistration.k8s.io/v1/{ref.resource}"
+        return f"{path}/{ref.name}" if one else path
 
-    def _scope(self, ref: Ref) -> tuple[str, ...]:
-        return (ref.namespace or "",) if ref.resource == SECRETS else ()
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: list[tuple[str, Any]] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        timeout: float | None = None,
+    ) -> Any:  # the raw (aiohttp) response
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = content_type
+        serialize: Any = self.api.param_serialize  # untyped in the client
+        params = await serialize(
+            method=method,
+            resource_path=path,
+            query_params=query or [],
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        call: Any = self.api.call_api
+        response = await call(
+            *params, _preload_content=False, _request_timeout=timeout or self.timeout
+        )
+        return response.response
 
     async def get(self, ref: Ref) -> Json | None:
         """The object, or None when there is none (404)."""
-        call = self._method("read", ref)
         try:
-            return await _json(
-                await call(ref.name, *self._scope(ref), _request_timeout=self.timeout)
-            )
+            return await _json(await self._request("GET", self._path(ref)))
         except ApiException as err:
             if err.status == 404:
                 return None
             raise
 
-    async def create(self, ref: Ref, body: Any) -> Json:
-        call = self._method("create", ref)
-        return await _json(await call(*self._scope(ref), body, _request_timeout=self.timeout))
+    async def create(self, ref: Ref, body: Json) -> Json:
+        return await _json(await self._request("POST", self._path(ref, one=False), body=body))
 
-    async def replace(self, ref: Ref, body: Any) -> Json:
+    async def replace(self, ref: Ref, body: Json) -> Json:
         """A PUT; with the resourceVersion in `body`, 409 if the object changed since."""
-        call = self._method("replace", ref)
-        return await _json(
-            await call(ref.name, *self._scope(ref), body, _request_timeout=self.timeout)
-        )
+        return await _json(await self._request("PUT", self._path(ref), body=body))
 
     async def json_patch(self, ref: Ref, ops: list[Json]) -> Json:
-        call = self._method("patch", ref)
-        return await _json(
-            await call(
-                ref.name,
-                *self._scope(ref),
-                ops,
-                _content_type=JSON_PATCH,
-                _request_timeout=self.timeout,
-            )
-        )
+        response = await self._request("PATCH", self._path(ref), body=ops, content_type=JSON_PATCH)
+        return await _json(response)
 
-    async def watch(
-        self, ref: Ref, resource_version: str | None, timeout_seconds: int
-    ) -> Any:  # the raw response, its body a stream of JSON lines
-        call = self._method("list", ref)
-        return await call(
-            *self._scope(ref),
-            field_selector=f"metadata.name={ref.name}",
-            watch=True,
-            allow_watch_bookmarks=True,
-            resource_version=resource_version,
-            timeout_seconds=timeout_seconds,
-            _request_timeout=timeout_seconds + 30,
-        )
+    async def watch(self, ref: Ref, resource_version: str | None, timeout_seconds: int) -> Any:
+        """The raw response of a watch of just this object: a stream of JSON lines."""
+        query: list[tuple[str, Any]] = [
+            ("fieldSelector", f"metadata.name={ref.name}"),
+            ("watch", "true"),
+            ("allowWatchBookmarks", "true"),
+            ("timeoutSeconds", timeout_seconds),
+        ]
+        if resource_version:
+            query.append(("resourceVersion", resource_version))
+        # The request's own timeout outlasts the watch's, or long watches would be cut short.
+        path = self._path(ref, one=False)
+        return await self._request("GET", path, query=query, timeout=timeout_seconds + 30)
 
 
 # Told what the object is now (None: there is none), after every change.
