@@ -16,10 +16,7 @@ import contextlib
 import datetime as dt
 import hashlib
 import logging
-import os
 import ssl
-import subprocess
-import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,8 +49,8 @@ from tests.kube_emulator import (
 from webhook.kube.informer import Backoff
 from webhook.kube.selfcerts import SelfCertSettings, SelfManagedCerts
 from webhook.metrics.registry import Metrics
-from webhook.server.certificates import resolve
-from webhook.server.run import Service, Settings
+from webhook.server.certificates import CertSettings, resolve
+from webhook.server.run import Service, Settings, StartupError, serving_certificate
 from webhook.tls import selfmanaged as sm
 from webhook.tls.certs import CertSpec, issue, pem
 from webhook.tls.reload import ReloadingContext
@@ -632,24 +629,15 @@ async def test_serve_is_ready_once_it_may_and_the_bundle_is_in(
     assert any("does not exist (yet)" in m for m in messages)
 
 
-def test_self_management_needs_a_cluster_and_good_names(tmp_path: Path) -> None:
-    def serve(*args: str) -> subprocess.CompletedProcess[str]:
-        env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
-        return subprocess.run(
-            [sys.executable, "-m", "webhook", "serve", *args],
-            capture_output=True, text=True, timeout=60, check=False, env=env,
-        )  # fmt: skip
-
-    alone = serve("--cert-management=self")
-    assert alone.returncode == 2
-    needs = "error: certificates: --cert-management=self keeps the certificate in a Secret, so "
-    assert needs + "it needs a cluster" in alone.stderr
-    config = tmp_path / "kubeconfig"
-    config.write_text(kubeconfig("http://127.0.0.1:9"))
-    bad = serve("--cert-management=self", "--kubeconfig", str(config), "--webhook-service-name=A_B")
-    assert bad.returncode == 2
-    assert "the webhook service 'A_B' is not a DNS label" in bad.stderr
-    assert "Traceback" not in alone.stderr + bad.stderr
+def test_self_management_needs_a_cluster_and_good_names() -> None:
+    """Startup errors (`serve` prints them as one `error:` line and exits 2)."""
+    alone = Settings(certs=CertSettings(mode="self"))
+    needs = "certificates: --cert-management=self keeps the certificate in a Secret, so it needs"
+    with pytest.raises(StartupError, match=needs + " a cluster"):
+        serving_certificate(alone, api=None, metrics=Metrics())
+    bad = Settings(certs=CertSettings(mode="self", service="A_B"))
+    with pytest.raises(StartupError, match="the webhook service 'A_B' is not a DNS label"):
+        serving_certificate(bad, api=object(), metrics=Metrics())  # type: ignore[arg-type]
 
 
 def test_auto_is_self_managed_only_inside_a_cluster(tmp_path: Path) -> None:

@@ -10,6 +10,8 @@ import os
 import pathlib
 import sys
 from collections.abc import Sequence
+from importlib import resources
+from importlib.resources.abc import Traversable
 from typing import Any, TextIO
 
 import yaml
@@ -155,7 +157,36 @@ def build_parser(config: dict[str, Any] | None = None) -> argparse.ArgumentParse
     )
     _add_serve(commands, config or {})
     _add_certs(commands)
+    samples = commands.add_parser(
+        "samples",
+        help="list the shipped sample TrainJobs and runtimes, or print some",
+        description="Without names, list the samples shipped with the package; with names, "
+        "print them as one YAML stream, e.g. `python -m webhook samples "
+        "torch-100-nodes.trainjob.yaml torch-distributed.runtime.yaml | python -m webhook plan "
+        "-f -`.",
+    )
+    samples.add_argument("names", nargs="*", metavar="NAME")
     return parser
+
+
+def _samples() -> dict[str, Traversable]:
+    """The samples inside the installed package (a wheel or a checkout alike)."""
+    folder = resources.files("webhook") / "samples"
+    return {item.name: item for item in folder.iterdir() if item.name.endswith(".yaml")}
+
+
+def samples_command(names: Sequence[str], out: TextIO) -> int:
+    found = _samples()
+    if not names:
+        for name in sorted(found):
+            print(name, file=out)
+        return 0
+    unknown = [name for name in names if name not in found]
+    if unknown:
+        raise UsageError(f"no sample {', '.join(unknown)}; there are: {', '.join(sorted(found))}")
+    texts = [found[name].read_text(encoding="utf-8").strip("\n") for name in names]
+    out.write("\n---\n".join(text.removeprefix("---\n") for text in texts) + "\n")
+    return 0
 
 
 def _env(name: str, default: str) -> str:
@@ -450,7 +481,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return serve_command(args)
         if args.command == "certs":
             return certs_command(args, sys.stdout)
+        if args.command == "samples":
+            return samples_command(args.names, sys.stdout)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except BrokenPipeError:  # `... | head`: the reader has gone, which is no error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     return EXIT_USAGE
