@@ -543,6 +543,52 @@ async def test_a_missing_permission_is_one_clear_error_and_not_ready(
     assert stored_secret(k) is None
 
 
+@pytest.mark.asyncio
+async def test_no_permission_on_a_configuration_is_one_clear_error(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="webhook.certs")
+    async with emulator() as (k, url):
+        await install_configs(k)
+        forbidden = status_object(403, "Forbidden", "mutatingwebhookconfigurations is forbidden")
+        k[kmock.action.FETCH, MUTATING_CONFIGS] << Response(status=403, payload=forbidden)
+        async with replica(url, tmp_path, "a", Clock()) as a:
+            gets = k[kmock.action.FETCH, MUTATING_CONFIGS]
+            await eventually(lambda: len(gets) >= 4, "retried")
+            await eventually(lambda: a.tls.loaded, "the certificate is served")
+            assert not a.certs.bundle_ready  # so not ready
+            assert everywhere(k, b"") is False and carried(k, VALIDATING_CONFIGS)[0]
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert [r.getMessage() for r in errors] == [
+        f'forbidden to get mutatingwebhookconfigurations "{MUTATING}": certificates cannot be '
+        "managed"
+    ]
+    rbac = errors[0].__dict__["fields"]["rbac"]
+    assert "resources: [mutatingwebhookconfigurations], resourceNames" in rbac
+    assert "verbs: [get, watch, patch]} in a ClusterRole" in rbac
+
+
+@pytest.mark.asyncio
+async def test_a_secret_that_cannot_hold_the_certificates_is_one_clear_error(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="webhook.certs")
+    async with emulator() as (k, url):
+        await install_configs(k)
+        opaque = {"metadata": {"name": SECRET, "namespace": NS}, "type": "Opaque", "data": {}}
+        await create(k, SECRETS, opaque)  # made by hand, of another type
+        async with replica(url, tmp_path, "a", Clock()) as a:
+            puts = k[kmock.method.PUT, SECRETS]
+            await eventually(lambda: len(puts) >= 3, "retried")
+            assert not a.tls.loaded and not a.certs.bundle_ready
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1
+    assert errors[0].getMessage() == (
+        f'cannot update secrets "{SECRET}" in namespace "{NS}": it cannot hold the certificates'
+    )
+    assert "field is immutable" in errors[0].__dict__["fields"]["error"]
+
+
 # --- the real serve process -----------------------------------------------------------------------
 
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
 from kubernetes.aio.client import ApiClient
 from kubernetes.aio.client.exceptions import ApiException
 
@@ -81,7 +82,11 @@ def rbac_rule(ref: Ref) -> str:
 
 def describe(err: BaseException) -> str:
     if isinstance(err, ApiException):
-        return f"HTTP {err.status}: {err.reason}"
+        try:  # the API server's Status says why (e.g. a Secret of another type: immutable)
+            message = orjson.loads(err.body or b"").get("message")
+        except (orjson.JSONDecodeError, AttributeError, TypeError):
+            message = None
+        return f"HTTP {err.status}: {message or err.reason}"
     if isinstance(err, TimeoutError):
         return "no answer in time"
     return f"{type(err).__name__}: {err}"
@@ -196,11 +201,12 @@ class SelfManagedCerts:
         data = sm.encode(decision.material.data())
         try:
             if current is None:
-                written = await self._call(ref, "create", self.named.create(ref, secret(ref, data)))
+                request = self.named.create(ref, secret(ref, data))
+                written = await self._call(ref, "create", request, handled=(409,))
             else:
                 rv = current.get("metadata", {}).get("resourceVersion")
                 body = secret(ref, data, rv)
-                written = await self._call(ref, "update", self.named.replace(ref, body))
+                written = await self._call(ref, "update", self.named.replace(ref, body), (404, 409))
         except ApiException as err:
             if err.status not in (404, 409):
                 raise
@@ -267,7 +273,8 @@ class SelfManagedCerts:
             secret_watch.seen(fresh)
             raise _Again()
         try:
-            patched = await self._call(ref, "patch", self.named.json_patch(ref, ops))
+            request = self.named.json_patch(ref, ops)
+            patched = await self._call(ref, "patch", request, handled=(404, 409, 422))
         except ApiException as err:
             if err.status not in (404, 409, 422):
                 raise
@@ -300,12 +307,15 @@ class SelfManagedCerts:
 
     # --- errors ---
 
-    async def _call(self, ref: Ref, verb: str, request: Awaitable[Any]) -> Any:
+    async def _call(
+        self, ref: Ref, verb: str, request: Awaitable[Any], handled: tuple[int, ...] = ()
+    ) -> Any:
+        """`request`, its failure reported unless its status is one the caller handles (a
+        conflict: read again, decide again)."""
         try:
             result = await request
         except Exception as err:
-            is_api = isinstance(err, ApiException)
-            if not (is_api and getattr(err, "status", None) in (404, 409, 422)):
+            if not (isinstance(err, ApiException) and err.status in handled):
                 self._report(ref, verb, err)
             raise
         self._report(ref, verb, None)
@@ -325,7 +335,12 @@ class SelfManagedCerts:
             return  # said already
         self._errors[key] = message
         fields: dict[str, Any] = {"error": message}
-        if isinstance(err, ApiException) and err.status in (401, 403):
+        if isinstance(err, ApiException) and err.status == 422 and ref.resource == SECRETS:
+            fields["hint"] = "delete the Secret: the service makes it anew (kubernetes.io/tls)"
+            log.error(
+                f"cannot {verb} {ref}: it cannot hold the certificates", extra={"fields": fields}
+            )
+        elif isinstance(err, ApiException) and err.status in (401, 403):
             fields["rbac"] = f"the service account needs {rbac_rule(ref)}"
             log.error(
                 f"forbidden to {verb} {ref}: certificates cannot be managed",
