@@ -2,7 +2,8 @@
 
 The API server reaches the webhook as `<service>.<namespace>.svc`, so those names (and localhost
 for running outside the cluster) go into the SAN; the CA bundle is what the webhook configuration's
-`caBundle` carries. Production clusters should use cert-manager instead.
+`caBundle` carries. In a cluster, `serve --cert-management=self` (`selfmanaged.py`) or
+cert-manager takes their place.
 """
 
 from __future__ import annotations
