@@ -160,14 +160,16 @@ class Replica:
 
 
 @contextlib.asynccontextmanager
-async def replica(url: str, tmp_path: Path, name: str, clock: Clock) -> AsyncIterator[Replica]:
+async def replica(
+    url: str, tmp_path: Path, name: str, clock: Clock, check_period: float = 0.05
+) -> AsyncIterator[Replica]:
     async with api_client(url, user_agent=name) as api:
         metrics = Metrics()
         directory = tmp_path / name
         tls = ReloadingContext(
             directory / "tls.crt", directory / "tls.key", metrics, directory / "ca.crt", True
         )
-        settings = SelfCertSettings(SECRET, NS, MUTATING, VALIDATING, check_period=0.05)
+        settings = SelfCertSettings(SECRET, NS, MUTATING, VALIDATING, check_period)
         certs = SelfManagedCerts(
             api,
             settings,
@@ -445,6 +447,26 @@ async def test_a_ca_change_never_breaks_a_client_of_the_configuration(
         "dropped the old CA",
     ):
         assert any(change in m for m in messages), (change, messages)
+
+
+@pytest.mark.asyncio
+async def test_a_ca_change_waiting_for_missing_configurations_does_not_spin(
+    tmp_path: Path,
+) -> None:
+    """Mid-change (the serving certificate due, waiting for its bundle to be injected), with the
+    configurations not installed: passes come from the check period and the watches only."""
+    clock = Clock()
+    made = sm.decide(None, POLICY, clock.now - sm.SERVING_LIFETIME * 0.9)  # due, still valid
+    mid = sm.decide(None, POLICY, clock.now, lost=made.material)
+    assert mid.changes == ("rotated the CA",)
+    async with emulator() as (k, url):
+        await seed(k, mid.material)
+        async with replica(url, tmp_path, "a", clock, check_period=10) as a:
+            await eventually(lambda: a.tls.loaded, "serving")
+            await asyncio.sleep(0.5)
+            assert a.certs.passes <= 4, a.certs.passes  # not one every 10 ms
+            assert not a.certs.bundle_ready
+            assert secret_data(k)["tls.crt"] == made.material.serving.cert_pem  # waits
 
 
 # --- repairs --------------------------------------------------------------------------------------

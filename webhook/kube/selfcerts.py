@@ -141,6 +141,7 @@ class SelfManagedCerts:
         self._served = b""  # digest of the files last written
         self.bundle_ready = False
         self.material: sm.Material | None = None
+        self.passes = 0  # sync() calls so far
 
     # --- running ---
 
@@ -175,6 +176,7 @@ class SelfManagedCerts:
 
     async def sync(self) -> float:
         """Decide, write, serve, inject; returns the seconds until the next pass is due."""
+        self.passes += 1
         watch = self.watches[self.secret_ref]
         if not watch.loaded:
             return self.settings.check_period  # woken once the first GET answers
@@ -295,15 +297,19 @@ class SelfManagedCerts:
         )
 
     def _next_pass(self, material: sm.Material, now: dt.datetime) -> float:
-        """Seconds until something may be due (never more than the check period)."""
+        """Seconds until the next moment something may fall due (at most the check period).
+        Moments already past are waiting on something else (the bundle, a write): the watches
+        wake the loop for those, so it never spins."""
         p, signer, serving = self.policy, material.ca_key.cert, material.serving.cert
-        moments = [sm.renewal_time(signer), sm.renewal_time(serving)]
-        if self._in_place is not None and not sm.signed_by(serving, signer):
+        moments = [sm.renewal_time(signer)]
+        if sm.signed_by(serving, signer):
+            moments.append(sm.renewal_time(serving))
+            if len(material.cas) > 1:
+                moments.append(sm.issued_at(serving) + p.overlap)
+        elif self._in_place is not None:
             moments.append(self._in_place[1] + p.settle)
-        if len(material.cas) > 1:
-            moments.append(sm.issued_at(serving) + p.overlap)
-        soonest = min((m - now).total_seconds() for m in moments)
-        return min(self.settings.check_period, max(soonest, 0.0) + 0.01)
+        ahead = [(m - now).total_seconds() for m in moments if m > now]
+        return min([self.settings.check_period, *ahead]) + 0.01
 
     # --- errors ---
 
