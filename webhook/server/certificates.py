@@ -61,8 +61,6 @@ class Certificates:
     directory: Path | None = None  # ours, removed by close()
 
     def close(self) -> None:
-        for job in self.jobs:
-            job.close()  # never started if the start failed; a no-op on a finished coroutine
         if self.directory is not None:
             shutil.rmtree(self.directory, ignore_errors=True)
 
