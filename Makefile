@@ -7,7 +7,7 @@ SAMPLES := webhook/samples
 CERT_DIR ?= certs
 SERVE_ARGS ?=
 
-.PHONY: setup test lint format typecheck unit run certs plan bench prometheus clean
+.PHONY: setup test lint format typecheck unit run certs plan bench prometheus image clean
 
 setup: $(VENV)/.installed
 
@@ -65,6 +65,24 @@ prometheus:
 		$$SUDO apt-get update -qq && \
 		$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; }
 	@prometheus --version | head -1
+
+## image: the container image (Dockerfile) with docker or podman, whichever has a working engine;
+## tagged $(IMAGE):$(TAG), the tag defaulting to the package's version
+IMAGE ?= trainjob-scheduling-webhook
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+TAG ?= $(VERSION)
+SOURCE ?= $(shell git remote get-url origin 2>/dev/null || echo unknown)
+ENGINE ?= $(shell for e in docker podman; do command -v $$e >/dev/null 2>&1 && $$e info >/dev/null 2>&1 && { echo $$e; break; }; done)
+
+image:
+	@if [ -z "$(ENGINE)" ]; then \
+		for e in docker podman; do \
+			if command -v $$e >/dev/null 2>&1; then echo "error: $$e is installed but its engine does not answer ($$e info fails)" >&2; \
+			else echo "error: $$e is not installed" >&2; fi; \
+		done; \
+		echo "error: make image needs docker or podman with a working engine" >&2; exit 1; \
+	fi
+	$(ENGINE) build --build-arg VERSION=$(VERSION) --build-arg SOURCE=$(SOURCE) -t $(IMAGE):$(TAG) .
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis *.egg-info

@@ -41,9 +41,17 @@ status(500)`: they answer before the emulator's own (fallback) handlers, and, un
 emulator, a write that a reaction answers is not applied (as by an API server that failed it).
 kmock names a PATCH `action.UPDATE` but gives a PUT no action: select PUTs by `kmock.method.PUT`.
 
+Field selectors on lists and watches: `metadata.name` and `metadata.namespace` (every resource
+serves these two), with `=`, `==` and `!=`, terms joined by commas; any other field is 400
+`field label not supported`. That is how a client watches one object by name, the only watch an
+RBAC rule with `resourceNames` allows.
+
+A `kubernetes.io/tls` Secret must hold `tls.crt` and `tls.key` (422 otherwise), and a Secret's
+`type` cannot change (422), as kube-apiserver validates them.
+
 Not emulated: status subresources (a write to `.../status` is a write to the whole object, and
-writes to the object change its status too), label and field selectors, dry runs, server-side
-apply, and propagation policies other than background.
+writes to the object change its status too), label selectors, field selectors on other fields,
+dry runs, server-side apply, and propagation policies other than background.
 """
 
 from __future__ import annotations
@@ -81,6 +89,13 @@ WORKLOADS = kmock.resource("scheduling.k8s.io", "v1beta1", "workloads")
 POD_GROUPS = kmock.resource("scheduling.k8s.io", "v1beta1", "podgroups")
 LEASES = kmock.resource("coordination.k8s.io", "v1", "leases")
 EVENTS = kmock.resource("events.k8s.io", "v1", "events")
+SECRETS = kmock.resource("", "v1", "secrets")
+MUTATING_CONFIGS = kmock.resource(
+    "admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations"
+)
+VALIDATING_CONFIGS = kmock.resource(
+    "admissionregistration.k8s.io", "v1", "validatingwebhookconfigurations"
+)
 
 LIST = kmock.action.LIST
 WATCH = kmock.action.WATCH
@@ -102,7 +117,13 @@ _TRAINER_KINDS = {
     CLUSTER_RUNTIMES: ("ClusterTrainingRuntime", False),
 }
 _SCHEDULING_KINDS = {WORKLOADS: ("Workload", True), POD_GROUPS: ("PodGroup", True)}
-_SERVICE_KINDS = {LEASES: ("Lease", True), EVENTS: ("Event", True)}  # what the service writes
+_SERVICE_KINDS = {  # what the service writes
+    LEASES: ("Lease", True),
+    EVENTS: ("Event", True),
+    SECRETS: ("Secret", True),
+    MUTATING_CONFIGS: ("MutatingWebhookConfiguration", False),
+    VALIDATING_CONFIGS: ("ValidatingWebhookConfiguration", False),
+}
 
 
 def _declare(emulator: KubernetesEmulator, kinds: dict[kmock.resource, tuple[str, bool]]) -> None:
@@ -123,7 +144,8 @@ def declare_scheduling_resources(emulator: KubernetesEmulator) -> None:
 
 
 def declare_service_resources(emulator: KubernetesEmulator) -> None:
-    """coordination.k8s.io/v1 Leases and events.k8s.io/v1 Events."""
+    """coordination.k8s.io/v1 Leases, events.k8s.io/v1 Events, core/v1 Secrets and the
+    admissionregistration.k8s.io/v1 webhook configurations."""
     _declare(emulator, _SERVICE_KINDS)
 
 
@@ -174,6 +196,43 @@ def unsupported_patch() -> ApiError:
     accepted = f"{JSON_PATCH}, {MERGE_PATCH}, {STRATEGIC_MERGE_PATCH}"
     message = "the body of the request was in an unknown format - accepted media types include: "
     return ApiError(415, "UnsupportedMediaType", message + accepted)
+
+
+# --- field selectors ----------------------------------------------------------------------------
+
+Selector = Callable[[Json], bool]
+_SELECTABLE = ("metadata.name", "metadata.namespace")
+
+
+def _term(text: str, term: str) -> tuple[str, bool, str]:
+    """One `field=value`, `field==value` or `field!=value`: (field, equal, value)."""
+    operator = next((op for op in ("!=", "==", "=") if op in term), None)
+    if operator is None:
+        raise bad_request(f"invalid selector: '{text}'; can't understand '{term}'")
+    field, value = (part.strip() for part in term.split(operator, 1))
+    if field not in _SELECTABLE:
+        raise bad_request(f"field label not supported: {field}")
+    return field, operator != "!=", value
+
+
+def field_selector(text: str) -> Selector:
+    """A `fieldSelector` as kube-apiserver reads it, for the fields every resource serves."""
+    terms = [_term(text, t.strip()) for t in text.split(",") if t.strip()]
+
+    def matches(obj: Json) -> bool:
+        meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+        assert isinstance(meta, dict)
+        for field, equal, value in terms:
+            actual = meta.get(field.split(".", 1)[1]) or ""
+            if (actual == value) != equal:
+                return False
+        return True
+
+    return matches
+
+
+def _selected(request: kmock.Request) -> Selector:
+    return field_selector(request.params.get("fieldSelector") or "")
 
 
 # --- what a write does to an object ------------------------------------------------------------
@@ -272,6 +331,14 @@ class VersionedEmulator(KubernetesEmulator):
     def open_watches(self) -> int:
         return len(self._open_watches)
 
+    def changes(self, resource: kmock.resource) -> list[tuple[str, Json]]:
+        """Every stored change to `resource` so far, in order: (ADDED/MODIFIED/DELETED, object)."""
+        return [
+            (entry.event["type"], copy.deepcopy(entry.event["object"]))
+            for entry in self._journal
+            if entry.resource == resource
+        ]
+
     def compact(self) -> None:
         """Forget the history so far: a watch from any version before now gets 410 Gone."""
         self._compacted = self._rv
@@ -341,8 +408,9 @@ class VersionedEmulator(KubernetesEmulator):
 
     async def _serve_list(self, request: kmock.Request) -> kmock.Payload:
         resource = self._resource(request)
+        selected = _selected(request)
         async with self._lock:
-            items, rv = self._current(request), self._rv
+            items, rv = [o for o in self._current(request) if selected(o)], self._rv
         info = self._info(resource)
         kind = info.kind if info is not None else None
         return {
@@ -353,6 +421,7 @@ class VersionedEmulator(KubernetesEmulator):
         }
 
     async def _serve_watch(self, request: kmock.Request) -> AsyncIterator[kmock.Payload]:
+        selected = _selected(request)  # a bad selector is a 400, before the stream starts
         yield b""  # the headers go out now, as from the API server
         since = request.params.get("resourceVersion", "")
         timeout = request.params.get("timeoutSeconds")
@@ -360,7 +429,11 @@ class VersionedEmulator(KubernetesEmulator):
         deadline = loop.time() + float(timeout) if timeout else None
         async with self._lock:
             if since in ("", "0"):  # "start at most recent": the objects, then the changes
-                initial = [{"type": "ADDED", "object": obj} for obj in self._current(request)]
+                initial = [
+                    {"type": "ADDED", "object": obj}
+                    for obj in self._current(request)
+                    if selected(obj)
+                ]
                 position = len(self._journal)
             elif not since.isdigit() or int(since) < self._compacted:
                 yield expired_event(since, self._compacted)
@@ -378,8 +451,10 @@ class VersionedEmulator(KubernetesEmulator):
                 pending = self._journal[position:]
                 position += len(pending)
                 for entry in pending:
-                    if entry.resource == request.resource and (
-                        request.namespace is None or entry.namespace == request.namespace
+                    if (
+                        entry.resource == request.resource
+                        and (request.namespace is None or entry.namespace == request.namespace)
+                        and selected(entry.event["object"])
                     ):
                         yield copy.deepcopy(entry.event)
                 remaining = None if deadline is None else deadline - loop.time()
@@ -424,7 +499,10 @@ class VersionedEmulator(KubernetesEmulator):
                 "request"
             )
         if info is not None and info.namespaced is False:
+            if request.namespace:
+                raise unknown_resource()  # no namespaced URL for a cluster-scoped resource
             namespace = None
+            meta.pop("namespace", None)  # cleared, as the API server does
         name = meta.get("name") or _generated_name(meta.get("generateName"))
         if not name:
             raise invalid(resource, "", "metadata.name: Required value: name or generateName")
@@ -437,6 +515,7 @@ class VersionedEmulator(KubernetesEmulator):
         if namespace:
             meta["namespace"] = namespace
         key = (resource, namespace, name)
+        _validate(resource, name, obj, None)
         async with self._lock:
             if self._live(key) is not None:
                 raise already_exists(resource, name)
@@ -487,6 +566,7 @@ class VersionedEmulator(KubernetesEmulator):
     async def _update(self, key: Key, stored: Json, new: Json) -> Json:
         """The end of every PUT and PATCH: concurrency checks, then what the server keeps."""
         resource, _, name = key
+        _validate(resource, name, new, stored)
         meta, old = _meta(new), _meta(stored)
         if meta.get("uid") and meta["uid"] != old.get("uid"):
             why = f"Precondition failed: UID in precondition: {meta['uid']}, "
@@ -572,6 +652,22 @@ class VersionedEmulator(KubernetesEmulator):
         return any(
             not obj.deleted and _meta(obj.raw).get("uid") == uid for obj in self._objects.values()
         )
+
+
+def _validate(resource: kmock.resource, name: str, obj: Json, old: Json | None) -> None:
+    """The API server's validation of the Secrets the service writes."""
+    if resource != SECRETS:
+        return
+    kind = obj.get("type") or "Opaque"
+    data = obj.get("data") if isinstance(obj.get("data"), dict) else {}
+    assert isinstance(data, dict)
+    if old is not None and kind != (old.get("type") or "Opaque"):
+        why = f'type: Invalid value: "{kind}": field is immutable'
+        raise invalid(resource, name, f'Secret "{name}" is invalid: {why}')
+    if kind == "kubernetes.io/tls":
+        missing = [f"data[{k}]: Required value" for k in ("tls.crt", "tls.key") if k not in data]
+        if missing:
+            raise invalid(resource, name, f'Secret "{name}" is invalid: ' + ", ".join(missing))
 
 
 def _generated_name(prefix: Any) -> str | None:

@@ -117,3 +117,24 @@ def test_trainjob_of_an_unreadable_runtime_says_so(tmp_path: Path) -> None:
         'spec.runtimeRef.name: Invalid value: "torch-distributed": the ClusterTrainingRuntime in '
         "the given files is invalid (see above); fix it first"
     ) in err
+
+
+def test_samples_are_listed_printed_and_planned() -> None:
+    def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "webhook", *args],
+            input=stdin, capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+
+    listed = run("samples")
+    assert listed.returncode == 0
+    assert listed.stdout.split() == sorted(p.name for p in SAMPLES.glob("*.yaml"))
+    printed = run("samples", "torch-100-nodes.trainjob.yaml", "torch-distributed.runtime.yaml")
+    docs = list(yaml.safe_load_all(printed.stdout))
+    assert [d["kind"] for d in docs] == ["TrainJob", "ClusterTrainingRuntime"]
+    planned = run("plan", "-f", "-", stdin=printed.stdout)
+    assert planned.returncode == 0, planned.stderr
+    assert [d["kind"] for d in yaml.safe_load_all(planned.stdout)] == ["Workload", "PodGroup"]
+    unknown = run("samples", "nope.yaml")
+    assert unknown.returncode == 2
+    assert unknown.stderr.startswith("error: no sample nope.yaml; there are: deepspeed-8-nodes")

@@ -10,7 +10,14 @@ from typing import Any
 
 import kmock
 import pytest
-from kubernetes.aio.client import CoordinationV1Api, CustomObjectsApi, V1Lease, V1ObjectMeta
+from kubernetes.aio.client import (
+    AdmissionregistrationV1Api,
+    CoordinationV1Api,
+    CoreV1Api,
+    CustomObjectsApi,
+    V1Lease,
+    V1ObjectMeta,
+)
 from kubernetes.aio.client.exceptions import ApiException
 
 from tests.kube_emulator import (
@@ -20,6 +27,7 @@ from tests.kube_emulator import (
     MERGE_PATCH,
     OPTIMISTIC_LOCK,
     POD_GROUPS,
+    SECRETS,
     STRATEGIC_MERGE_PATCH,
     TRAINER,
     TRAINJOBS,
@@ -502,3 +510,106 @@ async def test_the_official_client_sees_conflicts_as_the_writers_do() -> None:
         with pytest.raises(ApiException) as caught:
             await leases.replace_namespaced_lease("lock", NS, read)
         assert caught.value.status == 409
+
+
+# --- Secrets, webhook configurations and field selectors ----------------------------------------
+
+SECRETS_URL = f"/api/v1/namespaces/{NS}/secrets"
+MUTATING_URL = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
+
+
+def tls_secret(name: str, **data: str) -> Json:
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": name, "namespace": NS},
+        "type": "kubernetes.io/tls",
+        "data": data,
+    }
+
+
+@pytest.mark.asyncio
+async def test_secrets_and_webhook_configurations_are_served_with_discovery() -> None:
+    async with emulator() as (k, url), api_client(url) as api:
+        async with k.get("/api/v1") as response:
+            core = {r["name"]: r["namespaced"] for r in (await response.json())["resources"]}
+        assert core == {"secrets": True}
+        async with k.get("/apis/admissionregistration.k8s.io/v1") as response:
+            found = {r["name"]: r["namespaced"] for r in (await response.json())["resources"]}
+        assert found == {
+            "mutatingwebhookconfigurations": False,
+            "validatingwebhookconfigurations": False,
+        }
+        await create(k, SECRETS, tls_secret("cert", **{"tls.crt": "YQ==", "tls.key": "Yg=="}))
+        read = await CoreV1Api(api).read_namespaced_secret("cert", NS)
+        assert (read.type, read.data) == (
+            "kubernetes.io/tls",
+            {"tls.crt": "YQ==", "tls.key": "Yg=="},
+        )
+        config = {"metadata": {"name": "hooks", "namespace": NS}, "webhooks": []}
+        code, created = await call(k, "POST", MUTATING_URL, config)
+        assert code == 201 and "namespace" not in created["metadata"]  # cluster-scoped
+        in_a_namespace = f"/apis/admissionregistration.k8s.io/v1/namespaces/{NS}/mutating" + (
+            "webhookconfigurations"
+        )
+        code, _ = await call(k, "POST", in_a_namespace, config)
+        assert code == 404
+        hooks = AdmissionregistrationV1Api(api)
+        read_config = await hooks.read_mutating_webhook_configuration("hooks")
+        assert read_config.metadata is not None and read_config.metadata.name == "hooks"
+
+
+@pytest.mark.asyncio
+async def test_a_tls_secret_must_hold_a_pair_and_keep_its_type() -> None:
+    async with emulator() as (k, _):
+        code, answer = await call(k, "POST", SECRETS_URL, tls_secret("s", **{"tls.crt": "YQ=="}))
+        assert code == 422
+        assert_status(
+            answer, 422, "Invalid", 'Secret "s" is invalid: data[tls.key]: Required value'
+        )
+        created = await create(
+            k, SECRETS, tls_secret("s", **{"tls.crt": "YQ==", "tls.key": "Yg=="})
+        )
+        changed = {**created, "type": "Opaque"}
+        code, answer = await call(k, "PUT", f"{SECRETS_URL}/s", changed)
+        assert code == 422
+        assert "field is immutable" in answer["message"]
+        emptied = {**created, "data": {}}
+        code, _ = await call(k, "PUT", f"{SECRETS_URL}/s", emptied)
+        assert code == 422
+
+
+@pytest.mark.asyncio
+async def test_field_selectors_pick_by_name_and_namespace_in_lists_and_watches() -> None:
+    async with emulator() as (k, url), api_client(url) as api:
+        for name, ns in (("a", NS), ("b", NS), ("a", "team-b")):
+            await create(k, LEASES, {**lease(name), "metadata": {"name": name, "namespace": ns}})
+        all_leases = "/apis/coordination.k8s.io/v1/leases"
+
+        async def names(url: str, selector: str) -> list[tuple[str, str]]:
+            async with k.get(url, params={"fieldSelector": selector}) as response:
+                assert response.status == 200, await response.text()
+                items = (await response.json())["items"]
+                return sorted((i["metadata"]["namespace"], i["metadata"]["name"]) for i in items)
+
+        assert await names(all_leases, "metadata.name=a") == [(NS, "a"), ("team-b", "a")]
+        assert await names(all_leases, "metadata.name==a,metadata.namespace=team-b") == [
+            ("team-b", "a")
+        ]
+        assert await names(LEASES_URL, "metadata.name!=a") == [(NS, "b")]
+        assert await names(LEASES_URL, "") == [(NS, "a"), (NS, "b")]
+        for bad, message in (("spec.holderIdentity=a", "field label not supported"), ("x", "")):
+            async with k.get(LEASES_URL, params={"fieldSelector": bad}) as response:
+                assert response.status == 400
+                assert message in (await response.json())["message"]
+        # a watch by name, through the official client, sees only that object
+        listing = await CoordinationV1Api(api).list_namespaced_lease_without_preload_content(
+            NS, field_selector="metadata.name=a", watch=True, timeout_seconds=1
+        )
+        await replace(k, LEASES, lease("b", holderIdentity="other"))
+        await replace(k, LEASES, lease("a", holderIdentity="mine"))
+        lines = [json.loads(line) async for line in listing.content if line.strip()]
+        listing.release()
+        seen = [(e["type"], e["object"]["metadata"]["name"]) for e in lines]
+        assert seen == [("ADDED", "a"), ("MODIFIED", "a")]
+        assert lines[-1]["object"]["spec"]["holderIdentity"] == "mine"

@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+from cryptography import x509
 
 from tests.harness import fixture, fixture_cache, free_port, make_certs
 from webhook.admission.review import Decision
@@ -23,6 +24,7 @@ from webhook.metrics.ttlcache import TTLCache
 from webhook.metrics.webhooks import decision_label
 from webhook.server.app import admission_app
 from webhook.server.run import listen
+from webhook.tls.certs import CertSpec, issue, write
 from webhook.tls.reload import ReloadingContext
 
 POD = "/mutate--v1-pod"
@@ -53,7 +55,7 @@ def test_every_family_has_its_kubernetes_name_and_labels() -> None:
     m.watch_restarts.labels("trainjobs").inc()
     m.cert_reads.inc()
     m.cert_read_errors.inc()
-    m.cert_expiry.set(1)
+    m.cert_expiry.labels("serving").set(1)
     m.leader.labels("trainjob-scheduling-webhook").set(1)
     m.gang_api_available.set(1)
     m.events.labels("GangCreated").inc()
@@ -81,7 +83,7 @@ def test_every_family_has_its_kubernetes_name_and_labels() -> None:
         "trainjob_scheduling_watch_restarts_total": ("resource",),
         "certwatcher_read_certificate_total": (),
         "certwatcher_read_certificate_errors_total": (),
-        "trainjob_scheduling_certificate_expiry_timestamp_seconds": (),
+        "trainjob_scheduling_certificate_expiry_timestamp_seconds": ("certificate",),
         "leader_election_master_status": ("name",),
         "trainjob_scheduling_gang_api_available": (),
         "trainjob_scheduling_events_total": ("reason",),
@@ -231,11 +233,11 @@ def test_certificate_reads_errors_and_expiry(tmp_path: Path) -> None:
             sample("certwatcher_read_certificate_errors_total"),
         )
 
+    expiry = "trainjob_scheduling_certificate_expiry_timestamp_seconds"
     assert tls.reload()
     assert tls.expires_at is not None
-    assert sample("trainjob_scheduling_certificate_expiry_timestamp_seconds") == (
-        tls.expires_at.timestamp()
-    )
+    assert sample(expiry, {"certificate": "serving"}) == tls.expires_at.timestamp()
+    assert sample(expiry, {"certificate": "ca"}) is None  # no ca_file given
     assert not tls.reload()  # unchanged: read, not loaded again
     assert counts() == (2, 0)
     (tmp_path / "tls.key").write_text("not a key")
@@ -244,6 +246,26 @@ def test_certificate_reads_errors_and_expiry(tmp_path: Path) -> None:
     assert not tls.reload()
     assert counts() == (4, 2)
     assert tls.loaded  # the old pair is still served
+
+
+def test_the_expiry_of_the_issuing_ca(tmp_path: Path) -> None:
+    """With a CA file (a bundle), the CA reported is the one that issued the served certificate."""
+    m = Metrics()
+    expiry = "trainjob_scheduling_certificate_expiry_timestamp_seconds"
+    served, other = issue(CertSpec(days=30)), issue(CertSpec(days=90))
+    write(served, tmp_path)
+    (tmp_path / "ca.crt").write_bytes(other.ca_cert_pem + served.ca_cert_pem)
+    tls = ReloadingContext(tmp_path / "tls.crt", tmp_path / "tls.key", m, tmp_path / "ca.crt")
+    assert tls.reload()
+    ca = x509.load_pem_x509_certificate(served.ca_cert_pem)
+    assert m.registry.get_sample_value(expiry, {"certificate": "ca"}) == (
+        ca.not_valid_after_utc.timestamp()
+    )
+    write(other, tmp_path)  # now the other CA's pair; a CA file without its issuer
+    (tmp_path / "ca.crt").write_bytes(served.ca_cert_pem)
+    assert tls.reload()
+    assert m.registry.get_sample_value(expiry, {"certificate": "ca"}) is None
+    assert m.registry.get_sample_value(expiry, {"certificate": "serving"}) is not None
 
 
 # --- the review cache ---------------------------------------------------------------------------

@@ -454,7 +454,7 @@ async def test_certificate_rotation_keeps_serving(tmp_path: Path) -> None:
         status, before = await presented_certificate(endpoint, [old_ca])
         assert status == 200
         expiry_before = endpoint.metrics.registry.get_sample_value(
-            "trainjob_scheduling_certificate_expiry_timestamp_seconds"
+            "trainjob_scheduling_certificate_expiry_timestamp_seconds", {"certificate": "serving"}
         )
         new = issue(CertSpec(days=30))
         write(new, cert_dir)  # a new CA and pair, as cert-manager would rotate them
@@ -467,7 +467,7 @@ async def test_certificate_rotation_keeps_serving(tmp_path: Path) -> None:
         # the new CA alone is enough now
         assert (await presented_certificate(endpoint, [new_ca]))[0] == 200
         expiry = endpoint.metrics.registry.get_sample_value(
-            "trainjob_scheduling_certificate_expiry_timestamp_seconds"
+            "trainjob_scheduling_certificate_expiry_timestamp_seconds", {"certificate": "serving"}
         )
         assert expiry == cert.not_valid_after_utc.timestamp() != expiry_before
         reads = endpoint.metrics.registry.get_sample_value("certwatcher_read_certificate_total")

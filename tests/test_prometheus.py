@@ -33,7 +33,7 @@ from tests.harness import free_port
 from tests.test_metrics_auth import GOOD_TOKEN, UNKNOWN_TOKEN
 from tests.test_metrics_serve import GANG_API, LEADER, LEASE, Served, serve_with_cluster
 
-SERIES = "trainjob_scheduling_certificate_expiry_timestamp_seconds"  # always present
+SERIES = "trainjob_scheduling_certificate_expiry_timestamp_seconds"  # present once loaded
 # The running service's own state, as the good job stores it: both 1.
 SERVICE_SERIES = (f'{GANG_API}{{job="good"}}', f'{LEADER}{{job="good",name="{LEASE}"}}')
 DEADLINE = 20.0  # seconds for Prometheus to start and report both targets
@@ -154,7 +154,7 @@ def test_prometheus_scrapes_the_service_with_a_bearer_token(
             # Down from a refused connection until the service listens: wait for the 401.
             refused = bad.get("health") == "down" and "401" in bad.get("lastError", "")
             if good.get("health") == "up" and refused:
-                series = query(client, f'{SERIES}{{job="good"}}')
+                series = query(client, f'{SERIES}{{job="good",certificate="serving"}}')
                 service = {promql: values(client, promql) for promql in SERVICE_SERIES}
                 if series and all(v == ["1"] for v in service.values()):
                     break

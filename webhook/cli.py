@@ -10,6 +10,8 @@ import os
 import pathlib
 import sys
 from collections.abc import Sequence
+from importlib import resources
+from importlib.resources.abc import Traversable
 from typing import Any, TextIO
 
 import yaml
@@ -155,7 +157,36 @@ def build_parser(config: dict[str, Any] | None = None) -> argparse.ArgumentParse
     )
     _add_serve(commands, config or {})
     _add_certs(commands)
+    samples = commands.add_parser(
+        "samples",
+        help="list the shipped sample TrainJobs and runtimes, or print some",
+        description="Without names, list the samples shipped with the package; with names, "
+        "print them as one YAML stream, e.g. `python -m webhook samples "
+        "torch-100-nodes.trainjob.yaml torch-distributed.runtime.yaml | python -m webhook plan "
+        "-f -`.",
+    )
+    samples.add_argument("names", nargs="*", metavar="NAME")
     return parser
+
+
+def _samples() -> dict[str, Traversable]:
+    """The samples inside the installed package (a wheel or a checkout alike)."""
+    folder = resources.files("webhook") / "samples"
+    return {item.name: item for item in folder.iterdir() if item.name.endswith(".yaml")}
+
+
+def samples_command(names: Sequence[str], out: TextIO) -> int:
+    found = _samples()
+    if not names:
+        for name in sorted(found):
+            print(name, file=out)
+        return 0
+    unknown = [name for name in names if name not in found]
+    if unknown:
+        raise UsageError(f"no sample {', '.join(unknown)}; there are: {', '.join(sorted(found))}")
+    texts = [found[name].read_text(encoding="utf-8").strip("\n") for name in names]
+    out.write("\n---\n".join(text.removeprefix("---\n") for text in texts) + "\n")
+    return 0
 
 
 def _env(name: str, default: str) -> str:
@@ -265,8 +296,27 @@ _SERVE_OPTIONS: list[tuple[str, str, Any, str, str]] = [
     ("--body-timeout", "BODY_TIMEOUT", _positive(float), "10",
      "seconds a request's body may take (slow clients get 408)"),
     ("--log-level", "LOG_LEVEL", str.lower, "info", "debug, info, warning or error"),
+    ("--cert-management", "CERT_MANAGEMENT", str.lower, "auto",
+     "files: tls.crt/tls.key in --cert-dir; self: a Secret this service keeps, its CA injected "
+     "into the webhook configurations; auto: self inside a cluster, else files"),
+    ("--cert-secret-name", "CERT_SECRET_NAME", str, "trainjob-scheduling-webhook-cert",
+     "the kubernetes.io/tls Secret of --cert-management=self"),
+    ("--cert-secret-namespace", "CERT_SECRET_NAMESPACE", str, "",
+     "its namespace (default: the service's, see --namespace)"),
+    ("--webhook-service-name", "SERVICE_NAME", str, "trainjob-scheduling-webhook",
+     "the Service in front of the webhooks: the certificate is for <name>.<namespace>.svc"),
+    ("--mutating-webhook-configuration", "MUTATING_WEBHOOK_CONFIGURATION", str,
+     "trainjob-scheduling-webhook", "whose webhooks get the CA bundle (empty: none)"),
+    ("--validating-webhook-configuration", "VALIDATING_WEBHOOK_CONFIGURATION", str,
+     "trainjob-scheduling-webhook", "whose webhooks get the CA bundle (empty: none)"),
+    ("--cert-check-period", "CERT_CHECK_PERIOD", _positive(float), "3600",
+     "seconds between certificate checks, besides every change the watches bring"),
 ]  # fmt: skip
 CONFIG_KEYS = {flag[2:] for flag, *_ in _SERVE_OPTIONS}
+_CHOICES = {
+    "--log-level": ["debug", "info", "warning", "error"],
+    "--cert-management": ["auto", "self", "files"],
+}
 
 
 def _add_serve(commands: Any, config: dict[str, Any]) -> None:
@@ -287,8 +337,8 @@ def _add_serve(commands: Any, config: dict[str, Any]) -> None:
         if isinstance(value, list):
             value = ",".join(str(v) for v in value)
         extra: dict[str, Any] = {}
-        if flag == "--log-level":
-            extra["choices"] = ["debug", "info", "warning", "error"]
+        if flag in _CHOICES:
+            extra["choices"] = _CHOICES[flag]
         if kind is _bool:
             extra["nargs"] = "?"  # `--reconcile` alone means true
             extra["const"] = "true"
@@ -346,6 +396,7 @@ def serve_command(args: argparse.Namespace) -> int:
     from .metrics.auth import AuthSettings
     from .server import logs
     from .server.app import Limits
+    from .server.certificates import CertSettings
     from .server.run import ReconcileSettings, Settings, StartupError, serve
 
     logs.configure(args.log_level)
@@ -379,6 +430,15 @@ def serve_command(args: argparse.Namespace) -> int:
         header_timeout=args.header_timeout,
         max_header_bytes=args.max_header_bytes,
         limits=Limits(max_body_bytes=args.max_body_bytes, body_timeout=args.body_timeout),
+        certs=CertSettings(
+            mode=args.cert_management,
+            secret_name=args.cert_secret_name,
+            secret_namespace=args.cert_secret_namespace,
+            service=args.webhook_service_name,
+            mutating=args.mutating_webhook_configuration,
+            validating=args.validating_webhook_configuration,
+            check_period=args.cert_check_period,
+        ),
     )
     try:
         import uvloop
@@ -424,7 +484,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return serve_command(args)
         if args.command == "certs":
             return certs_command(args, sys.stdout)
+        if args.command == "samples":
+            return samples_command(args.names, sys.stdout)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except BrokenPipeError:  # `... | head`: the reader has gone, which is no error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     return EXIT_USAGE

@@ -152,7 +152,9 @@ class Metrics:
         )
         self.cert_expiry = Gauge(
             "trainjob_scheduling_certificate_expiry_timestamp_seconds",
-            "Unix time at which the certificate being served expires.",
+            "Unix time at which a certificate expires: the one being served (serving), and the "
+            "CA that issued it (ca), when the service knows it.",
+            ["certificate"],
             registry=r,
         )
         self.leader = Gauge(

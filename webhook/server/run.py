@@ -36,6 +36,7 @@ from ..metrics.registry import Metrics
 from ..reconcile.reconciler import CONTROLLER, Reconciler, ReconcilerSettings
 from ..tls.reload import ReloadingContext
 from .app import Limits, Readiness, admission_app, health_app
+from .certificates import Certificates, CertSettings, certificates
 from .protocol import Drain
 from .reviewlog import ReviewLog
 from .servers import MAX_HEADER_BYTES, QuietServer, server
@@ -77,6 +78,7 @@ class Settings:
     shutdown_delay: float = 0.0  # keep serving (not ready) this long after SIGTERM
     limits: Limits = field(default_factory=Limits)
     reconcile: ReconcileSettings = field(default_factory=ReconcileSettings)
+    certs: CertSettings = field(default_factory=CertSettings)  # files (cert_dir) or self-managed
 
 
 def _server(app: Any, settings: Settings, port: int, **extra: Any) -> QuietServer:
@@ -103,13 +105,14 @@ class Service:
         review_log: ReviewLog | None = None,
         metrics: Metrics | None = None,
         authorizer: Checker | None = None,
+        checks: Mapping[str, Callable[[], bool]] | None = None,
     ) -> None:
         self.settings = settings
         self.cache = cache
         self.tls = tls
         self.metrics = metrics or Metrics()
         self.stopping = False
-        checks: dict[str, Callable[[], bool]] = {"certificate": lambda: tls.loaded}
+        checks = {"certificate": lambda: tls.loaded, **(checks or {})}
         checks.update({f"cache:{store.resource}": _synced(store) for store in cache.stores})
         checks["not-stopping"] = lambda: not self.stopping
         self.readiness = Readiness(checks)
@@ -295,12 +298,18 @@ async def serve(settings: Settings) -> None:
     # Built before anything starts: bad durations stop the start, not the leader later.
     lease = lease_settings(settings, me) if r.enabled and r.leader_elect else None
     metrics = Metrics()
-    tls = ReloadingContext(settings.cert_dir / "tls.crt", settings.cert_dir / "tls.key", metrics)
-    tls.reload()
     try:
         api = await connect(settings.kubeconfig)
     except Exception as err:  # the client's loaders raise anything from ConfigException to OSError
         raise StartupError(f"cannot load the cluster configuration: {err}") from None
+    try:
+        certs = serving_certificate(settings, api, metrics)
+    except StartupError:
+        if api is not None:
+            close: Any = api.close  # untyped in the client
+            await close()
+        raise
+    tls = certs.tls
     cache = Cache(connected=api is not None)
     GangTracker(metrics, cache.pod_groups)
     authorizer: Checker | None = None
@@ -313,15 +322,30 @@ async def serve(settings: Settings) -> None:
             authorizer = NoCluster()
         else:
             authorizer = Authorizer(api, settings.metrics_auth)
-    service = Service(settings, cache, tls, metrics=metrics, authorizer=authorizer)
+    service = Service(
+        settings, cache, tls, metrics=metrics, authorizer=authorizer, checks=certs.checks
+    )
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, service.stop)
-    jobs = background(api, cache, settings, metrics, me, lease) if api else []
+    jobs = certs.jobs + (background(api, cache, settings, metrics, me, lease) if api else [])
     tasks = [asyncio.create_task(job) for job in jobs]
     try:
         await service.run(tasks)
     finally:
+        certs.close()
         if api is not None:
-            close: Any = api.close  # untyped in the client
+            close = api.close
             await close()
+
+
+def serving_certificate(
+    settings: Settings, api: ApiClient | None, metrics: Metrics
+) -> Certificates:
+    """From --cert-dir, or self-managed in a Secret (see `certificates.py`)."""
+    try:
+        return certificates(
+            settings.cert_dir, settings.certs, api, own_namespace(settings.namespace), metrics
+        )
+    except ValueError as err:
+        raise StartupError(f"certificates: {err}") from None

@@ -2,7 +2,8 @@
 
 The API server reaches the webhook as `<service>.<namespace>.svc`, so those names (and localhost
 for running outside the cluster) go into the SAN; the CA bundle is what the webhook configuration's
-`caBundle` carries. Production clusters should use cert-manager instead.
+`caBundle` carries. In a cluster, `serve --cert-management=self` (`selfmanaged.py`) or
+cert-manager takes their place.
 """
 
 from __future__ import annotations
@@ -17,6 +18,10 @@ from dataclasses import dataclass
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric.types import (
+    CertificateIssuerPrivateKeyTypes,
+    PrivateKeyTypes,
+)
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 CLOCK_SKEW = dt.timedelta(minutes=5)  # so a node whose clock runs slightly behind still accepts it
@@ -73,12 +78,88 @@ def _name(common_name: str) -> x509.Name:
     return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name[:_CN_MAX])])
 
 
-def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+def key_pem(key: PrivateKeyTypes) -> bytes:
     return key.private_bytes(
         serialization.Encoding.PEM,
         serialization.PrivateFormat.PKCS8,
         serialization.NoEncryption(),
     )
+
+
+def _key_usage(*, sign_certs: bool) -> x509.KeyUsage:
+    return x509.KeyUsage(
+        digital_signature=not sign_certs,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=sign_certs,
+        crl_sign=sign_certs,
+        encipher_only=False,
+        decipher_only=False,
+    )
+
+
+def new_ca(
+    common_name: str, not_before: dt.datetime, not_after: dt.datetime
+) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    """A self-signed CA that may sign serving certificates (and no other CA)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = _name(common_name)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(not_before)
+        .not_valid_after(not_after)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(_key_usage(sign_certs=True), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    return cert, key
+
+
+def new_serving(
+    ca_cert: x509.Certificate,
+    ca_key: CertificateIssuerPrivateKeyTypes,
+    common_name: str,
+    dns_names: tuple[str, ...],
+    ip_addresses: tuple[str, ...],
+    not_before: dt.datetime,
+    not_after: dt.datetime,
+) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    """A TLS server certificate for `dns_names` and `ip_addresses`, signed by the CA."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    san: list[x509.GeneralName] = [x509.DNSName(name) for name in dns_names]
+    san += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ip_addresses]
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(_name(common_name))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(not_before)
+        .not_valid_after(not_after)
+        .add_extension(x509.SubjectAlternativeName(san), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(_key_usage(sign_certs=False), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+    )
+    try:
+        ski = ca_cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
+        aki = x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ski)
+    except x509.ExtensionNotFound:
+        aki = x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key())
+    cert = builder.add_extension(aki, critical=False).sign(ca_key, hashes.SHA256())
+    return cert, key
+
+
+def pem(cert: x509.Certificate) -> bytes:
+    return cert.public_bytes(serialization.Encoding.PEM)
 
 
 def issue(spec: CertSpec, now: dt.datetime | None = None) -> IssuedCerts:
@@ -89,82 +170,25 @@ def issue(spec: CertSpec, now: dt.datetime | None = None) -> IssuedCerts:
         raise ValueError("now must be timezone-aware")  # naive times would silently mean UTC
     now = now.replace(microsecond=0)  # X.509 times have one-second resolution
     not_before, not_after = now - CLOCK_SKEW, now + dt.timedelta(days=spec.days)
-
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = _name(f"{spec.service} dev CA")
-    ca_ski = x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key())
-    ca_cert = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(not_before)
-        .not_valid_after(not_after)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=False,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(ca_ski, critical=False)
-        .sign(ca_key, hashes.SHA256())
+    ca_cert, ca_key = new_ca(f"{spec.service} dev CA", not_before, not_after)
+    cert, key = new_serving(
+        ca_cert,
+        ca_key,
+        f"{spec.service}.{spec.namespace}.svc",
+        spec.dns_names,
+        spec.ip_addresses,
+        not_before,
+        not_after,
     )
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    san: list[x509.GeneralName] = [x509.DNSName(name) for name in spec.dns_names]
-    san += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in spec.ip_addresses]
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(_name(f"{spec.service}.{spec.namespace}.svc"))
-        .issuer_name(ca_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(not_before)
-        .not_valid_after(not_after)
-        .add_extension(x509.SubjectAlternativeName(san), critical=False)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=False,
-                crl_sign=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_ski),
-            critical=False,
-        )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-
     return IssuedCerts(
-        ca_cert_pem=ca_cert.public_bytes(serialization.Encoding.PEM),
-        ca_key_pem=_key_pem(ca_key),
-        cert_pem=cert.public_bytes(serialization.Encoding.PEM),
-        key_pem=_key_pem(key),
+        ca_cert_pem=pem(ca_cert),
+        ca_key_pem=key_pem(ca_key),
+        cert_pem=pem(cert),
+        key_pem=key_pem(key),
     )
 
 
-def _write_atomic(path: pathlib.Path, data: bytes, mode: int) -> None:
+def write_atomic(path: pathlib.Path, data: bytes, mode: int) -> None:
     # A temp file in the same directory keeps os.replace a same-filesystem rename, so a server
     # watching the directory sees either the old file or the new one, never a partial write.
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -196,7 +220,7 @@ def write(issued: IssuedCerts, out_dir: pathlib.Path) -> dict[str, pathlib.Path]
     paths: dict[str, pathlib.Path] = {}
     for name, data, mode in files:
         paths[name] = out_dir / name
-        _write_atomic(paths[name], data, mode)
+        write_atomic(paths[name], data, mode)
     return paths
 
 

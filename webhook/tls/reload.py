@@ -15,6 +15,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+
 from .certs import expiry
 
 if TYPE_CHECKING:
@@ -31,9 +34,18 @@ def server_context() -> ssl.SSLContext:
 
 
 class ReloadingContext:
-    def __init__(self, cert_file: Path, key_file: Path, metrics: Metrics | None = None) -> None:
+    def __init__(
+        self,
+        cert_file: Path,
+        key_file: Path,
+        metrics: Metrics | None = None,
+        ca_file: Path | None = None,
+        missing_ok: bool = False,
+    ) -> None:
         self.cert_file = cert_file
         self.key_file = key_file
+        self.ca_file = ca_file  # where the issuing CA is, if anywhere: only for its expiry metric
+        self.missing_ok = missing_ok  # files not written yet are no problem (self-managed)
         self.metrics = metrics  # counts reads as controller-runtime's certwatcher does
         self.context = server_context()  # the one uvicorn holds
         self.context.sni_callback = self._choose
@@ -41,6 +53,7 @@ class ReloadingContext:
         self.expires_at: datetime | None = None
         self._digest: bytes | None = None
         self._last_problem = ""  # logged once, not on every poll
+        self._ca_reported = False
 
     @property
     def loaded(self) -> bool:
@@ -57,7 +70,8 @@ class ReloadingContext:
         try:
             cert, digest = self._read()
         except OSError as err:
-            self._problem("certificate not readable", str(err))
+            if not (self.missing_ok and isinstance(err, FileNotFoundError)):
+                self._problem("certificate not readable", str(err))
             return False
         if digest == self._digest:
             return False
@@ -76,12 +90,25 @@ class ReloadingContext:
         self.current, self.expires_at, self._digest = fresh, expires, digest
         self._last_problem = ""
         if self.metrics is not None:
-            self.metrics.cert_expiry.set(expires.timestamp())
+            self.metrics.cert_expiry.labels(certificate="serving").set(expires.timestamp())
+            self._ca_expiry(cert)
         log.info(
             "certificate loaded",
             extra={"fields": {"cert": str(self.cert_file), "expires": expires.isoformat()}},
         )
         return True
+
+    def _ca_expiry(self, cert_pem: bytes) -> None:
+        """The expiry of the CA (in `ca_file`) that issued the served certificate; no series
+        when there is no such file or no issuer in it."""
+        assert self.metrics is not None
+        gauge = self.metrics.cert_expiry
+        issuer = _issuer(self.ca_file, cert_pem) if self.ca_file is not None else None
+        if issuer is not None:
+            gauge.labels(certificate="ca").set(issuer.not_valid_after_utc.timestamp())
+        elif self._ca_reported:
+            gauge.remove("ca")
+        self._ca_reported = issuer is not None
 
     def _problem(self, message: str, error: str) -> None:
         if self.metrics is not None:
@@ -100,3 +127,19 @@ class ReloadingContext:
     ) -> None:
         if self.current is not None:
             conn.context = self.current
+
+
+def _issuer(ca_file: Path, cert_pem: bytes) -> x509.Certificate | None:
+    """The certificate in `ca_file` that signed the first one in `cert_pem`, if any."""
+    try:
+        cert = x509.load_pem_x509_certificates(cert_pem)[0]
+        candidates = x509.load_pem_x509_certificates(ca_file.read_bytes())
+    except (OSError, ValueError):
+        return None
+    for ca in candidates:
+        try:
+            cert.verify_directly_issued_by(ca)
+        except (ValueError, TypeError, InvalidSignature):
+            continue
+        return ca
+    return None
