@@ -261,6 +261,17 @@ def resolve_layout(runtime: Runtime) -> Layout | None:
                 f"this runtime {why}; a Workload holds at most 8: {fix}",
             )
         )
+    schedulers = {b.rjs[g.targets[0]].scheduler for g in b.groups}
+    if len(schedulers) > 1:
+        b.errors.append(
+            fe.invalid(
+                where,
+                sorted(schedulers),
+                "the groups' pods name different schedulers; one TrainJob's gangs are made "
+                "for one scheduler (its gang backend): give their pod templates the same "
+                "schedulerName",
+            )
+        )
     if count == 0 and rj_list and not b.errors:
         b.errors.append(
             fe.invalid(

@@ -26,6 +26,8 @@ MAX_DEPENDS_ON = 5  # JobSet's schema: maxItems 5
 MAX_SCHEDULING_LIST = 64
 """Lists inside spec.scheduling; validation then applies their real limits (8, 4, 1)."""
 MAX_CONDITIONS = 8  # the TrainJob CRD's status.conditions maxItems
+MAX_RUNTIME_PATCHES = 16  # the TrainJob CRD's spec.runtimePatches maxItems
+MAX_CONTAINERS = 256  # containers (and init containers) of one pod template
 
 MAX_INT32 = 2**31 - 1
 
@@ -41,6 +43,12 @@ def runtime_list_errors(raw: Mapping[str, Any]) -> list[FieldError]:
             deps = _at(rj, "dependsOn")
             if isinstance(deps, list) and len(deps) > MAX_DEPENDS_ON:
                 errors += _over(deps, MAX_DEPENDS_ON, rjs_path.index(i).child("dependsOn"))
+            pod = _at(rj, "template", "spec", "template", "spec")
+            for key in ("containers", "initContainers"):
+                listed = _at(pod, key)
+                if isinstance(listed, list) and len(listed) > MAX_CONTAINERS:
+                    pod_path = rjs_path.index(i).child("template", "spec", "template", "spec")
+                    errors += _over(listed, MAX_CONTAINERS, pod_path.child(key))
     scheduling = _at(spec, "scheduling")
     where = Path("spec", "scheduling")
     errors += _group_list_errors(scheduling, lambda: where)
@@ -64,7 +72,18 @@ def runtime_list_errors(raw: Mapping[str, Any]) -> list[FieldError]:
 
 def trainjob_list_errors(raw: Mapping[str, Any]) -> list[FieldError]:
     conditions = _at(raw, "status", "conditions")
-    return _over(conditions, MAX_CONDITIONS, lambda: Path("status", "conditions"))
+    errors = _over(conditions, MAX_CONDITIONS, lambda: Path("status", "conditions"))
+    patches = _at(raw, "spec", "runtimePatches")
+    patch_errors = _over(patches, MAX_RUNTIME_PATCHES, lambda: Path("spec", "runtimePatches"))
+    errors += patch_errors
+    if isinstance(patches, list) and not patch_errors:
+        for i, patch in enumerate(patches):
+            jobs = _at(patch, "trainingRuntimeSpec", "template", "spec", "replicatedJobs")
+            if isinstance(jobs, list) and len(jobs) > MAX_REPLICATED_JOBS:
+                where = Path("spec", "runtimePatches").index(i)
+                where = where.child("trainingRuntimeSpec", "template", "spec", "replicatedJobs")
+                errors += _over(jobs, MAX_REPLICATED_JOBS, where)
+    return errors
 
 
 def _group_list_errors(settings: Any, where: Callable[[], Path]) -> list[FieldError]:

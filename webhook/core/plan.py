@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from decimal import Decimal
 
-from . import naming
+from . import naming, resources
 from .errors import FieldError
 from .layout import Claim, DisruptionModeName, GroupKind, GroupLayout, Policy
-from .podcounts import group_size
-from .trainer import Runtime, TrainJob
+from .podcounts import counted_pods, group_size
+from .trainer import DEFAULT_SCHEDULER, Runtime, TrainJob
 from .validation import CheckedRuntime, check_stored_runtime, check_trainjob
 
 JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
@@ -50,6 +51,12 @@ class GroupPlan:
     priority_class_name: str | None
     joins_later: tuple[str, ...]
     """ReplicatedJobs whose pods join after admission (Ready dependents), outside minCount."""
+    scheduler_name: str = DEFAULT_SCHEDULER
+    """The scheduler every pod of the group names (the runtime's, or the TrainJob's patch)."""
+    counted: tuple[tuple[str, int], ...] = ()
+    """Gang only: the pods each ReplicatedJob has before admission (they make up minCount)."""
+    min_resources: tuple[tuple[str, str], ...] = ()
+    """Gang only: what those pods request together, by resource name (quantities)."""
 
 
 @dataclass(frozen=True)
@@ -62,26 +69,32 @@ class Plan:
     untargeted: tuple[str, ...]
     """ReplicatedJobs that get default scheduling (no group)."""
     warnings: tuple[str, ...]
-    _members: dict[tuple[str, int | None], str] = field(
+    scheduler_name: str = DEFAULT_SCHEDULER
+    """The scheduler of every group's pods: it chooses the gang backend."""
+    _members: dict[tuple[str, int | None], GroupPlan] = field(
         init=False, repr=False, compare=False, hash=False
     )
 
     def __post_init__(self) -> None:
-        members: dict[tuple[str, int | None], str] = {}
+        members: dict[tuple[str, int | None], GroupPlan] = {}
         for g in self.groups:
             for rj in g.replicated_jobs:
-                members[(rj, g.job_index)] = g.pod_group_name
+                members[(rj, g.job_index)] = g
         object.__setattr__(self, "_members", members)
 
-    def pod_group_for(self, replicated_job: str, job_index: int) -> str | None:
-        """The PodGroup of the pods of Job `job_index` of a ReplicatedJob; None if untargeted."""
+    def group_for(self, replicated_job: str, job_index: int) -> GroupPlan | None:
+        """The group of the pods of Job `job_index` of a ReplicatedJob; None if untargeted."""
         return self._members.get((replicated_job, None)) or self._members.get(
             (replicated_job, job_index)
         )
 
+    def pod_group_for(self, replicated_job: str, job_index: int) -> str | None:
+        group = self.group_for(replicated_job, job_index)
+        return group.pod_group_name if group else None
 
-def pod_group_for_labels(plan: Plan, labels: Mapping[str, str]) -> str | None:
-    """A pod's PodGroup from the labels JobSet puts on every pod, or None if not this plan's."""
+
+def group_for_labels(plan: Plan, labels: Mapping[str, str]) -> GroupPlan | None:
+    """A pod's group from the labels JobSet puts on every pod, or None if not this plan's."""
     if labels.get(JOBSET_NAME) != plan.trainjob_name:
         return None
     rj = labels.get(REPLICATED_JOB_NAME)
@@ -90,7 +103,13 @@ def pod_group_for_labels(plan: Plan, labels: Mapping[str, str]) -> str | None:
     # see labels before the API server validates them.
     if rj is None or not (index.isascii() and index.isdigit() and len(index) <= 10):
         return None
-    return plan.pod_group_for(rj, int(index))
+    return plan.group_for(rj, int(index))
+
+
+def pod_group_for_labels(plan: Plan, labels: Mapping[str, str]) -> str | None:
+    """A pod's group's name (the native PodGroup's and the plan's for every backend)."""
+    group = group_for_labels(plan, labels)
+    return group.pod_group_name if group else None
 
 
 def build_plan(trainjob: TrainJob, runtime: Runtime | CheckedRuntime) -> Plan | None:
@@ -113,10 +132,18 @@ def build_plan(trainjob: TrainJob, runtime: Runtime | CheckedRuntime) -> Plan | 
     tj = trainjob.metadata.name or ""
     workload = naming.workload_name(ns, tj)
     groups = tuple(
-        _group_plan(g, checked.runtime, trainjob.num_nodes, ns, tj, workload) for g in layout.groups
+        _group_plan(g, checked.runtime, trainjob, ns, tj, workload) for g in layout.groups
     )
+    scheduler = groups[0].scheduler_name if groups else DEFAULT_SCHEDULER
     return Plan(
-        ns, tj, trainjob.metadata.uid, workload, groups, layout.untargeted, verdict.warnings
+        ns,
+        tj,
+        trainjob.metadata.uid,
+        workload,
+        groups,
+        layout.untargeted,
+        verdict.warnings,
+        scheduler,
     )
 
 
@@ -134,7 +161,7 @@ def _template_name(group: GroupLayout, ns: str, tj: str, workload: str) -> str:
 def _group_plan(
     group: GroupLayout,
     runtime: Runtime,
-    num_nodes: int | None,
+    trainjob: TrainJob,
     ns: str,
     tj: str,
     workload: str,
@@ -143,7 +170,18 @@ def _group_plan(
     pod_group = (
         template if group.kind is GroupKind.TRAINJOB else naming.pod_group_name(tj, template)
     )
+    num_nodes = trainjob.num_nodes
     size = group_size(group, runtime, num_nodes)
+    rjs = {rj.name: rj for rj in runtime.replicated_jobs}
+    counted: tuple[tuple[str, int], ...] = ()
+    total: resources.Resources = {}
+    if group.policy == "gang":
+        counted = tuple((t, counted_pods(group, runtime, rjs[t], num_nodes)) for t in group.counted)
+        for name, pods in counted:
+            for resource, value in resources.times(
+                resources.replicated_job_requests(runtime, trainjob, rjs[name]), pods
+            ).items():
+                total[resource] = total.get(resource, Decimal(0)) + value
     return GroupPlan(
         template_name=template,
         pod_group_name=pod_group,
@@ -158,4 +196,7 @@ def _group_plan(
         resource_claims=group.resource_claims,
         priority_class_name=group.priority_class_name,
         joins_later=group.deferred,
+        scheduler_name=trainjob.scheduler_of(rjs[group.targets[0]]),
+        counted=counted,
+        min_resources=tuple((k, resources.text(v)) for k, v in sorted(total.items())),
     )

@@ -64,3 +64,12 @@ def group_size(group: GroupLayout, runtime: Runtime, trainjob_num_nodes: int | N
         for t in group.targets
     }
     return GroupSize(sum(counts.values()), sum(counts[t] for t in group.counted))
+
+
+def counted_pods(
+    group: GroupLayout, runtime: Runtime, rj: ReplicatedJob, trainjob_num_nodes: int | None
+) -> int:
+    """Pods of one of a group's targets that count towards its minCount: one Job's at level 3,
+    every Job's otherwise."""
+    per_job = pods_per_job(runtime, rj, trainjob_num_nodes)
+    return per_job if group.kind is GroupKind.JOB else per_job * rj.replica_count

@@ -19,6 +19,7 @@ TRAINJOB_KIND = "TrainJob"
 CLUSTER_RUNTIME_KIND = "ClusterTrainingRuntime"
 NAMESPACED_RUNTIME_KIND = "TrainingRuntime"
 RUNTIME_KINDS = (CLUSTER_RUNTIME_KIND, NAMESPACED_RUNTIME_KIND)
+DEFAULT_SCHEDULER = "default-scheduler"
 
 
 class Model(BaseModel):
@@ -107,11 +108,22 @@ class DependsOn(Model):
     status: str
 
 
+class Container(Model):
+    """What the service reads of a container: its name and the resources it asks for."""
+
+    name: str | None = None
+    resources: dict[str, Any] | None = None
+    restart_policy: str | None = None  # "Always" on an init container: a sidecar
+
+
 class PodSpec(Model):
     scheduler_name: str | None = None
     priority_class_name: str | None = None
     preemption_policy: str | None = None
     scheduling_group: Any = None
+    containers: list[Container] | None = None
+    init_containers: list[Container] | None = None
+    overhead: dict[str, Any] | None = None
 
 
 _NO_POD_SPEC = PodSpec()  # read only: what a ReplicatedJob without a pod spec reads as
@@ -152,6 +164,11 @@ class ReplicatedJob(Model):
     def parallelism(self) -> int:
         spec = self.template.spec if self.template else None
         return 1 if spec is None or spec.parallelism is None else spec.parallelism
+
+    @property
+    def scheduler(self) -> str:
+        """The scheduler its pods name (the API server's default when unset)."""
+        return self.pod_spec.scheduler_name or DEFAULT_SCHEDULER
 
     @property
     def pod_spec(self) -> PodSpec:
@@ -216,6 +233,50 @@ class RuntimeRef(Model):
 
 class Trainer(Model):
     num_nodes: int | None = None
+    resources_per_node: dict[str, Any] | None = None
+
+
+class PodSpecPatch(Model):
+    """The part of a TrainJob's pod spec patch the service reads (Trainer v2.4 lets a TrainJob
+    choose its pods' scheduler here)."""
+
+    scheduler_name: str | None = None
+
+
+class PodTemplatePatch(Model):
+    spec: PodSpecPatch | None = None
+
+
+class JobSpecPatch(Model):
+    template: PodTemplatePatch | None = None
+
+
+class JobTemplatePatch(Model):
+    spec: JobSpecPatch | None = None
+
+
+class ReplicatedJobPatch(Model):
+    name: str | None = None
+    template: JobTemplatePatch | None = None
+
+
+class JobSetSpecPatch(Model):
+    replicated_jobs: list[ReplicatedJobPatch] | None = None
+
+
+class JobSetTemplatePatch(Model):
+    spec: JobSetSpecPatch | None = None
+
+
+class RuntimeSpecPatch(Model):
+    template: JobSetTemplatePatch | None = None
+
+
+class RuntimePatch(Model):
+    """One entry of `spec.runtimePatches` (keyed by `manager`; Kueue writes one)."""
+
+    manager: str | None = None
+    training_runtime_spec: RuntimeSpecPatch | None = None
 
 
 class TrainJobSpec(Model):
@@ -223,6 +284,7 @@ class TrainJobSpec(Model):
     trainer: Trainer | None = None
     suspend: bool | None = None
     managed_by: str | None = None
+    runtime_patches: list[RuntimePatch] | None = None
 
 
 class Condition(Model):
@@ -248,6 +310,28 @@ class TrainJob(Model):
     @property
     def num_nodes(self) -> int | None:
         return self.spec.trainer.num_nodes if self.spec.trainer else None
+
+    @property
+    def resources_per_node(self) -> dict[str, Any] | None:
+        return self.spec.trainer.resources_per_node if self.spec.trainer else None
+
+    def scheduler_of(self, rj: ReplicatedJob) -> str:
+        """The scheduler the pods of one of its ReplicatedJobs will name."""
+        return self.scheduler_override(rj.name) or rj.scheduler
+
+    def scheduler_override(self, replicated_job: str) -> str | None:
+        """The scheduler this TrainJob's runtime patches give the pods of a ReplicatedJob (the
+        last patch that sets one wins, as patches apply in order)."""
+        found = None
+        for patch in self.spec.runtime_patches or []:
+            template = patch.training_runtime_spec.template if patch.training_runtime_spec else None
+            jobs = template.spec.replicated_jobs if template and template.spec else None
+            for rj in jobs or []:
+                job = rj.template.spec if rj.template else None
+                pod = job.template.spec if job and job.template else None
+                if rj.name == replicated_job and pod is not None and pod.scheduler_name:
+                    found = pod.scheduler_name
+        return found
 
     @property
     def runtime_kind(self) -> str:

@@ -278,7 +278,29 @@ def check_trainjob(
             )
         )
     found += _num_nodes_errors(trainjob, checked.runtime, layout)
+    found += _scheduler_errors(trainjob, checked.runtime, layout)
     return Verdict(tuple(found), verdict.warnings)
+
+
+def _scheduler_errors(trainjob: TrainJob, runtime: Runtime, layout: Layout) -> list[FieldError]:
+    """The TrainJob's runtime patches may name another scheduler for some pods: all of its
+    groups' pods must still name one (the runtime was checked the same way without them)."""
+    if not trainjob.spec.runtime_patches:
+        return []
+    by_name = {rj.name: rj for rj in runtime.replicated_jobs}
+    chosen = {t: trainjob.scheduler_of(by_name[t]) for g in layout.groups for t in g.targets}
+    if len(set(chosen.values())) <= 1:
+        return []
+    shown = ", ".join(f"{t}={s}" for t, s in list(chosen.items())[:8])
+    return [
+        fe.invalid(
+            Path("spec", "runtimePatches"),
+            sorted(set(chosen.values())),
+            f"these patches make the gangs' pods name different schedulers ({shown}); one "
+            "TrainJob's gangs are made for one scheduler: patch every scheduled ReplicatedJob "
+            "alike",
+        )
+    ]
 
 
 def _num_nodes_errors(trainjob: TrainJob, runtime: Runtime, layout: Layout) -> list[FieldError]:
