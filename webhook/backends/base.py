@@ -1,10 +1,22 @@
-"""The one interface every gang backend implements."""
+"""The interface every gang backend implements, and what backends share.
+
+A backend is the one place that knows its scheduler's objects: what it renders from a plan, how
+a stored object differs from the desired one, which kinds the cache must watch (and the RBAC
+they need), how a pod is tied to its group, what its defaulting webhook does, and how its status
+reads as gang signals. The core keeps the plan; the reconciler, the pod webhook and the metrics
+ask the backend chosen for the TrainJob (`registry.py`) and know no object shapes.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
 
-from ..core.plan import Plan
+from ..core import errors as fe
+from ..core.errors import FieldError, Path
+from ..core.plan import GroupPlan, Plan
+from ..core.trainer import TRAINER_API_VERSION, TRAINJOB_KIND
 
 JsonObject = dict[str, Any]
 
@@ -13,17 +25,249 @@ MANAGED_BY = "trainjob-scheduling-webhook"
 TRAINJOB_LABEL = "trainer.kubeflow.org/trainjob-name"
 
 
+@dataclass(frozen=True)
+class Kind:
+    """One kind of object a backend makes (always namespaced, beside the TrainJob)."""
+
+    group: str
+    version: str
+    plural: str
+    kind: str
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    @property
+    def group_version(self) -> str:
+        return self.api_version
+
+    def __str__(self) -> str:
+        return f"{self.plural}.{self.group}/{self.version}"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """An RBAC rule (ClusterRole) a backend needs for its kinds."""
+
+    api_groups: tuple[str, ...]
+    resources: tuple[str, ...]
+    verbs: tuple[str, ...]
+
+
+# What the reconciler does with the objects of every backend: list/watch into the cache, create,
+# patch in place (drift), delete (lifecycle, recreate).
+OBJECT_VERBS = ("get", "list", "watch", "create", "patch", "delete")
+
+DriftKind = Literal["none", "patch", "recreate"]
+
+
+@dataclass(frozen=True)
+class Drift:
+    """How a stored object differs from the desired one."""
+
+    kind: DriftKind = "none"
+    patch: tuple[dict[str, Any], ...] = ()
+    """For `patch`: a JSON Patch that tests the object's uid first, then changes it in place."""
+    reason: str = ""
+    dropped: tuple[str, ...] = field(default=())
+    """Gated fields the API server dropped (with their gate): reported, never treated as drift."""
+
+
+GangStateName = Literal["scheduled", "waiting"]
+WAITING_REASONS = ("NotEvaluated", "Unschedulable", "SchedulerError", "Other")
+
+
+@dataclass(frozen=True)
+class GangStatus:
+    """A group object's status as gang signals (metrics, `explain`)."""
+
+    policy: str  # gang or basic
+    scheduled: bool
+    reason: str  # Scheduled, or one of WAITING_REASONS
+    scheduled_at: str | None = None  # when it was scheduled (RFC 3339), if the object says
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a backend may read of the TrainJob besides its plan (queues come from labels)."""
+
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, trainjob: Mapping[str, Any]) -> Context:
+        meta = trainjob.get("metadata")
+        meta = meta if isinstance(meta, dict) else {}
+        labels, annotations = meta.get("labels"), meta.get("annotations")
+        return cls(
+            {k: v for k, v in labels.items() if isinstance(v, str)}
+            if isinstance(labels, dict)
+            else {},
+            {k: v for k, v in annotations.items() if isinstance(v, str)}
+            if isinstance(annotations, dict)
+            else {},
+        )
+
+
+Uids = Mapping[tuple[str, str], str]  # (kind, name) of an object already stored -> its uid
+
+
+@dataclass(frozen=True)
+class ClusterFacts:
+    """What the cache knows of the cluster that admission may check a plan against."""
+
+    priority_classes: frozenset[str] | None = None
+    """The PriorityClasses that exist; None when the cache cannot tell (no cluster yet)."""
+
+
 class GangBackend(Protocol):
-    """Turns a TrainJob's plan into the objects its scheduler needs, as JSON ready to send."""
+    """Turns a TrainJob's plan into its scheduler's objects and ties its pods to them."""
 
     name: str
+    kinds: tuple[Kind, ...]
+    """The kinds it creates, parents first (created in this order, removed in the reverse)."""
 
-    def render(self, plan: Plan, parent_uid: str | None = None) -> list[JsonObject]:
-        """Every object the plan needs, parents first. `parent_uid`, once known, lets
-        children point at a parent object created earlier."""
+    @property
+    def rbac(self) -> tuple[Rule, ...]:
+        """The ClusterRole rules its objects need (list/watch for the cache, and the writes)."""
+        ...
+
+    def render(self, plan: Plan, context: Context, uids: Uids | None = None) -> list[JsonObject]:
+        """Every object the plan needs, parents first. `uids` holds the uids of objects already
+        stored, so that children can point at their parents."""
+        ...
+
+    def drift(self, desired: JsonObject, stored: JsonObject) -> Drift:
+        """How `stored` differs from `desired` (same kind and name)."""
+        ...
+
+    def pod_patch(self, pod: JsonObject, plan: Plan, group: GroupPlan) -> list[JsonObject]:
+        """The JSON Patch operations that tie a new pod to its group (idempotent: [] when the
+        pod already is)."""
+        ...
+
+    def status(self, kind: Kind, obj: JsonObject) -> GangStatus | None:
+        """The gang signals of one of its objects; None for kinds that carry none."""
+        ...
+
+    def admission_warnings(self, plan: Plan, context: Context) -> list[str]:
+        """What a person should know at `kubectl apply` of the TrainJob (what a level or the
+        topology becomes with this scheduler)."""
+        ...
+
+    def admission_errors(
+        self, plan: Plan, context: Context, facts: ClusterFacts
+    ) -> list[FieldError]:
+        """Why the scheduler would never schedule this TrainJob's gang (a denial at `kubectl
+        apply`, worded as field errors); [] when nothing is wrong."""
         ...
 
 
+@runtime_checkable
+class Defaulting(Protocol):
+    """A backend whose own kinds get defaults from a mutating webhook (the native one)."""
+
+    name: str
+    defaulted: tuple[Kind, ...]
+
+    def needs_default(self, kind: Kind, obj: Mapping[str, Any]) -> bool: ...
+
+    def default(
+        self, kind: Kind, obj: Mapping[str, Any], plan: Plan
+    ) -> tuple[JsonObject, list[str]]: ...
+
+
+# --- what backends share ---------------------------------------------------------------------
+
+
 def owner_labels(plan: Plan) -> dict[str, str]:
-    """Labels that let a watch select just this service's objects of one TrainJob."""
+    """Labels that mark this service's objects and let a watch select one TrainJob's."""
     return {MANAGED_BY_LABEL: MANAGED_BY, TRAINJOB_LABEL: plan.trainjob_name}
+
+
+def is_managed(obj: Mapping[str, Any] | None) -> bool:
+    """Whether this service made `obj` (its label says so): the only objects it changes."""
+    meta = obj.get("metadata") if obj else None
+    labels = meta.get("labels") if isinstance(meta, dict) else None
+    return isinstance(labels, dict) and labels.get(MANAGED_BY_LABEL) == MANAGED_BY
+
+
+def trainjob_owner(plan: Plan) -> list[JsonObject]:
+    """The controller ownerReference to the TrainJob (none for a plan of an unstored one)."""
+    if not plan.trainjob_uid:
+        return []
+    return [
+        {
+            "apiVersion": TRAINER_API_VERSION,
+            "kind": TRAINJOB_KIND,
+            "name": plan.trainjob_name,
+            "uid": plan.trainjob_uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+
+
+def metadata(plan: Plan, name: str, owners: list[JsonObject] | None = None) -> JsonObject:
+    """An object's metadata: its name, the TrainJob's namespace, our labels, its owners."""
+    meta: JsonObject = {"labels": owner_labels(plan), "name": name, "namespace": plan.namespace}
+    references = trainjob_owner(plan) + (owners or [])
+    if references:
+        meta["ownerReferences"] = references
+    return meta
+
+
+def with_uid_test(stored: Mapping[str, Any], ops: list[dict[str, Any]]) -> Drift:
+    """A patch drift whose first operation fails on an object recreated meanwhile."""
+    if not ops:
+        return Drift()
+    meta = stored.get("metadata")
+    uid = meta.get("uid") if isinstance(meta, dict) else None
+    return Drift("patch", ({"op": "test", "path": "/metadata/uid", "value": uid}, *ops))
+
+
+def pointer(*parts: str) -> str:
+    """A JSON Pointer (RFC 6901) with each part escaped (`/` in a label key becomes `~1`)."""
+    return "".join("/" + p.replace("~", "~0").replace("/", "~1") for p in parts)
+
+
+def add_to_map(
+    obj: Mapping[str, Any], parent: tuple[str, ...], key: str, value: str
+) -> list[JsonObject]:
+    """The operations that set `obj[parent...][key] = value` (a label or an annotation),
+    creating the map when it is missing; [] when it already holds that value."""
+    at: Any = obj
+    for part in parent:
+        at = at.get(part) if isinstance(at, dict) else None
+    if isinstance(at, dict):
+        if at.get(key) == value:
+            return []
+        op = "replace" if key in at else "add"
+        return [{"op": op, "path": pointer(*parent, key), "value": value}]
+    holder: Any = obj
+    for part in parent[:-1]:
+        holder = holder.get(part) if isinstance(holder, dict) else None
+    if not isinstance(holder, dict):
+        return []  # no metadata at all: not a pod the API server would take
+    op = "replace" if parent[-1] in holder else "add"
+    return [{"op": op, "path": pointer(*parent), "value": {key: value}}]
+
+
+def priority_class_errors(plan: Plan, facts: ClusterFacts) -> list[FieldError]:
+    """A group whose pods name a PriorityClass that does not exist: its group object (and its
+    pods) would be refused, so the gang would never form."""
+    known = facts.priority_classes
+    if known is None:
+        return []
+    named = {g.priority_class_name for g in plan.groups if g.priority_class_name}
+    missing = sorted(named - known)
+    return [
+        fe.not_found(
+            Path("spec", "runtimeRef", "name"),
+            name,
+            f"the runtime's pods name PriorityClass {name!r}, which does not exist; create it "
+            "or fix the runtime's priorityClassName",
+        )
+        for name in missing
+    ]

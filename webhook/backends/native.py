@@ -1,18 +1,56 @@
-"""The native Kubernetes 1.37 backend: one `scheduling.k8s.io/v1beta1` Workload with a
-PodGroupTemplate per group, and one PodGroup per template (was-api.md sections 1 and 4)."""
+"""The native Kubernetes 1.37 backend (kube-scheduler with GenericWorkload): one
+`scheduling.k8s.io/v1beta1` Workload with a PodGroupTemplate per group, one PodGroup per
+template (was-api.md sections 1 and 4); pods name their PodGroup in `spec.schedulingGroup`.
+
+Drift (rule 8(f)): a different `gang.minCount` is patched in place; values the API server fills
+in where the desired object leaves a field unset are not drift; any other difference means
+delete and create again. A gated field (topology, claims) that the desired object sets and the
+stored one lacks was dropped by the API server because its feature gate is off: recreating
+would drop it again, forever, so that is reported instead.
+
+Defaulting (its mutating webhooks): a gang template or PodGroup without `minCount` (sent as 0)
+gets the plan's, when a TrainJob controls the object.
+"""
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from typing import Any
 
 from kubernetes import client as k8s
 
+from ..core.errors import FieldError
+from ..core.layout import MAX_TEMPLATES
 from ..core.plan import GroupPlan, Plan
-from ..core.trainer import TRAINER_API_VERSION, TRAINER_GROUP
-from .base import GangBackend, JsonObject, owner_labels
+from ..core.trainer import TRAINER_GROUP, TRAINJOB_KIND
+from .base import (
+    OBJECT_VERBS,
+    ClusterFacts,
+    Context,
+    Drift,
+    GangStatus,
+    JsonObject,
+    Kind,
+    Rule,
+    Uids,
+    metadata,
+    priority_class_errors,
+    with_uid_test,
+)
 
-API_VERSION = "scheduling.k8s.io/v1beta1"
+GROUP, VERSION = "scheduling.k8s.io", "v1beta1"
+API_VERSION = f"{GROUP}/{VERSION}"
+WORKLOAD = Kind(GROUP, VERSION, "workloads", "Workload")
+POD_GROUP = Kind(GROUP, VERSION, "podgroups", "PodGroup")
+CONDITION = "PodGroupInitiallyScheduled"
+
+GATED_FIELDS = {
+    "schedulingConstraints": "TopologyAwareWorkloadScheduling",
+    "resourceClaims": "DRAWorkloadResourceClaims",
+}
+# Filled in by the API server (defaults, the Priority admission plugin) when left unset.
+SERVER_FILLED = ("priority", "priorityClassName", "preemptionPolicy")
 
 
 @functools.cache
@@ -24,6 +62,9 @@ def _json(model: Any) -> JsonObject:
     """The wire JSON of a client model (camelCase keys, unset fields left out)."""
     result: JsonObject = _serializer().sanitize_for_serialization(model)  # type: ignore[no-untyped-call]
     return result
+
+
+# --- rendering -------------------------------------------------------------------------------
 
 
 def _policy(group: GroupPlan) -> k8s.V1beta1PodGroupSchedulingPolicy:
@@ -60,71 +101,314 @@ def _group_fields(group: GroupPlan) -> dict[str, Any]:
     return fields
 
 
-def _trainjob_owner(plan: Plan) -> list[k8s.V1OwnerReference]:
-    if not plan.trainjob_uid:
-        return []  # a plan for a TrainJob not yet stored (e.g. `plan` on a file)
-    return [
-        k8s.V1OwnerReference(
-            api_version=TRAINER_API_VERSION,
-            kind="TrainJob",
-            name=plan.trainjob_name,
-            uid=plan.trainjob_uid,
-            controller=True,
-            block_owner_deletion=True,
-        )
-    ]
-
-
 def workload(plan: Plan) -> JsonObject:
-    meta = k8s.V1ObjectMeta(
-        name=plan.workload_name,
-        namespace=plan.namespace,
-        labels=owner_labels(plan),
-        owner_references=_trainjob_owner(plan) or None,
-    )
     spec = k8s.V1beta1WorkloadSpec(
         controller_ref=k8s.V1beta1TypedLocalObjectReference(
-            api_group=TRAINER_GROUP, kind="TrainJob", name=plan.trainjob_name
+            api_group=TRAINER_GROUP, kind=TRAINJOB_KIND, name=plan.trainjob_name
         ),
         pod_group_templates=[
             k8s.V1beta1PodGroupTemplate(name=g.template_name, **_group_fields(g))
             for g in plan.groups
         ],
     )
-    return _json(
-        k8s.V1beta1Workload(api_version=API_VERSION, kind="Workload", metadata=meta, spec=spec)
-    )
+    return {
+        "apiVersion": API_VERSION,
+        "kind": WORKLOAD.kind,
+        "metadata": metadata(plan, plan.workload_name),
+        "spec": _json(spec),
+    }
 
 
-def pod_group(plan: Plan, group: GroupPlan, parent_uid: str | None = None) -> JsonObject:
-    owners = _trainjob_owner(plan)
-    if parent_uid:
-        owners.append(
-            k8s.V1OwnerReference(
-                api_version=API_VERSION, kind="Workload", name=plan.workload_name, uid=parent_uid
-            )
-        )
-    meta = k8s.V1ObjectMeta(
-        name=group.pod_group_name,
-        namespace=plan.namespace,
-        labels=owner_labels(plan),
-        owner_references=owners or None,
-    )
+def pod_group(plan: Plan, group: GroupPlan, workload_uid: str | None = None) -> JsonObject:
+    """A group's PodGroup; with the Workload's uid, a second (non-controller) owner for it."""
+    owners = (
+        [{"apiVersion": API_VERSION, "kind": "Workload", "name": plan.workload_name,
+          "uid": workload_uid}]
+        if workload_uid
+        else []
+    )  # fmt: skip
     spec = k8s.V1beta1PodGroupSpec(
         workload_ref=k8s.V1beta1WorkloadReference(
             workload_name=plan.workload_name, template_name=group.template_name
         ),
         **_group_fields(group),
     )
-    return _json(
-        k8s.V1beta1PodGroup(api_version=API_VERSION, kind="PodGroup", metadata=meta, spec=spec)
+    return {
+        "apiVersion": API_VERSION,
+        "kind": POD_GROUP.kind,
+        "metadata": metadata(plan, group.pod_group_name, owners),
+        "spec": _json(spec),
+    }
+
+
+# --- drift -----------------------------------------------------------------------------------
+
+
+def workload_drift(desired: Mapping[str, Any], actual: Mapping[str, Any]) -> Drift:
+    want, have = _spec(desired), _spec(actual)
+    if want.get("controllerRef") != have.get("controllerRef"):
+        return Drift("recreate", reason="spec.controllerRef differs")
+    want_templates = _by_name(want.get("podGroupTemplates"))
+    have_templates = _by_name(have.get("podGroupTemplates"))
+    if list(want_templates) != list(have_templates):
+        names = ", ".join(have_templates) or "none"
+        return Drift("recreate", reason=f"the template set differs (stored: {names})")
+    ops: list[dict[str, Any]] = []
+    dropped: list[str] = []
+    for index, (name, template) in enumerate(want_templates.items()):
+        path = f"/spec/podGroupTemplates/{index}"
+        drift = _group_drift(template, have_templates[name], f"template {name!r}")
+        if drift.kind == "recreate":
+            return drift
+        dropped += drift.dropped
+        if drift.kind == "patch":
+            ops += [
+                {"op": "test", "path": f"{path}/name", "value": name},
+                {"op": "replace", "path": f"{path}/schedulingPolicy/gang/minCount",
+                 "value": _min_count(template)},
+            ]  # fmt: skip
+    return _result(actual, ops, dropped)
+
+
+def pod_group_drift(desired: Mapping[str, Any], actual: Mapping[str, Any]) -> Drift:
+    want, have = _spec(desired), _spec(actual)
+    if want.get("workloadRef") != have.get("workloadRef"):
+        return Drift("recreate", reason="spec.workloadRef differs")
+    drift = _group_drift(want, have, "the PodGroup")
+    if drift.kind == "recreate":
+        return drift
+    ops = []
+    if drift.kind == "patch":
+        ops = [
+            {"op": "replace", "path": "/spec/schedulingPolicy/gang/minCount",
+             "value": _min_count(want)},
+        ]  # fmt: skip
+    return _result(actual, ops, list(drift.dropped))
+
+
+def _group_drift(want: Mapping[str, Any], have: Mapping[str, Any], what: str) -> Drift:
+    """A PodGroupTemplate against a stored one, or a PodGroup spec against a stored one."""
+    if set(want.get("schedulingPolicy") or {}) != set(have.get("schedulingPolicy") or {}):
+        return Drift("recreate", reason=f"{what}: the scheduling policy kind differs")
+    dropped: list[str] = []
+    for key, gate in GATED_FIELDS.items():
+        if key in want and key not in have:
+            dropped.append(f"{key} ({gate})")
+        elif want.get(key) != have.get(key):
+            return Drift("recreate", reason=f"{what}: {key} differs")
+    mode = have.get("disruptionMode")
+    if "disruptionMode" in want:
+        if want["disruptionMode"] != mode:
+            return Drift("recreate", reason=f"{what}: disruptionMode differs")
+    elif mode not in (None, {"single": {}}):  # the server's default for an unset mode
+        return Drift("recreate", reason=f"{what}: disruptionMode differs")
+    for key in SERVER_FILLED:
+        if key in want and want[key] != have.get(key):
+            return Drift("recreate", reason=f"{what}: {key} differs")
+    changed = _min_count(want) != _min_count(have)
+    return Drift("patch" if changed else "none", dropped=tuple(dropped))
+
+
+def _result(actual: Mapping[str, Any], ops: list[dict[str, Any]], dropped: list[str]) -> Drift:
+    if not ops:
+        return Drift(dropped=tuple(dropped))
+    drift = with_uid_test(actual, ops)
+    return Drift("patch", drift.patch, "gang.minCount differs", tuple(dropped))
+
+
+def _min_count(group: Mapping[str, Any]) -> Any:
+    policy = group.get("schedulingPolicy")
+    gang = policy.get("gang") if isinstance(policy, dict) else None
+    return gang.get("minCount") if isinstance(gang, dict) else None
+
+
+def _by_name(templates: Any) -> dict[str, Mapping[str, Any]]:
+    out: dict[str, Mapping[str, Any]] = {}
+    for template in templates if isinstance(templates, list) else []:
+        if isinstance(template, dict) and isinstance(template.get("name"), str):
+            out[template["name"]] = template
+    return out
+
+
+def _spec(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    spec = obj.get("spec")
+    return spec if isinstance(spec, dict) else {}
+
+
+# --- defaulting (the Workload and PodGroup mutating webhooks) ------------------------------
+
+
+def lacks_min_count(policy: Any) -> bool:
+    """A gang policy without minCount; the API server sends a missing minCount as 0."""
+    if not isinstance(policy, dict):
+        return False
+    gang = policy.get("gang")
+    return isinstance(gang, dict) and not gang.get("minCount")
+
+
+def needs_default(kind: Kind, obj: Mapping[str, Any]) -> bool:
+    """Whether a Workload or PodGroup has a gang without minCount (in a Workload the API server
+    could accept: one with more templates than it allows is left for it to refuse)."""
+    spec = _spec(obj)
+    if kind == POD_GROUP:
+        return lacks_min_count(spec.get("schedulingPolicy"))
+    templates = spec.get("podGroupTemplates")
+    return (
+        isinstance(templates, list)
+        and len(templates) <= MAX_TEMPLATES
+        and any(
+            isinstance(t, dict) and lacks_min_count(t.get("schedulingPolicy")) for t in templates
+        )
     )
 
 
-class NativeBackend(GangBackend):
-    name = "native"
+def with_min_counts(kind: Kind, obj: Mapping[str, Any], plan: Plan) -> tuple[JsonObject, list[str]]:
+    """A copy of `obj` whose gangs without minCount have the plan's (copied along the changed
+    path only, so a diff of the two sees just that); warnings for gangs the plan lacks."""
+    out = dict(obj)
+    spec = out.get("spec")
+    if not isinstance(spec, dict):
+        return out, []
+    spec = out["spec"] = dict(spec)
+    if kind == POD_GROUP:
+        if not lacks_min_count(spec.get("schedulingPolicy")):
+            return out, []
+        meta = out.get("metadata")
+        name = meta.get("name") if isinstance(meta, dict) else None
+        ref = spec.get("workloadRef")
+        template = ref.get("templateName") if isinstance(ref, dict) else None
+        group = next((g for g in plan.groups if g.pod_group_name == name), None)
+        if group is None and isinstance(template, str):
+            group = match_group(plan, template)
+        if group is None or group.min_count is None:
+            return out, [_unmatched(plan, template or name)]
+        spec["schedulingPolicy"] = _with_min_count(spec["schedulingPolicy"], group.min_count)
+        return out, []
+    warnings: list[str] = []
+    templates = spec.get("podGroupTemplates")
+    if not isinstance(templates, list):
+        return out, warnings
+    templates = spec["podGroupTemplates"] = list(templates)
+    for i, tmpl in enumerate(templates):
+        if not isinstance(tmpl, dict) or not lacks_min_count(tmpl.get("schedulingPolicy")):
+            continue
+        name = tmpl.get("name")
+        group = match_group(plan, name if isinstance(name, str) else "")
+        if group is None or group.min_count is None:
+            warnings.append(_unmatched(plan, name))
+            continue
+        templates[i] = {
+            **tmpl,
+            "schedulingPolicy": _with_min_count(tmpl["schedulingPolicy"], group.min_count),
+        }
+    return out, warnings
 
-    def render(self, plan: Plan, parent_uid: str | None = None) -> list[JsonObject]:
+
+def match_group(plan: Plan, template: str) -> GroupPlan | None:
+    """The plan group a template name stands for.
+
+    The plan's own template name first; then a ReplicatedJob name, when exactly one gang holds
+    that ReplicatedJob (so a hand-written template `node` means the group of `node`); then the
+    only gang of the plan, when there is just one.
+    """
+    gangs = [g for g in plan.groups if g.policy == "gang"]
+    for g in gangs:
+        if g.template_name == template:
+            return g
+    holding = [g for g in gangs if template in g.replicated_jobs]
+    if len(holding) == 1:
+        return holding[0]
+    return gangs[0] if len(gangs) == 1 else None
+
+
+def _with_min_count(policy: dict[str, Any], min_count: int) -> dict[str, Any]:
+    return {**policy, "gang": {**policy["gang"], "minCount": min_count}}
+
+
+def _unmatched(plan: Plan, template: Any) -> str:
+    shown = f'"{template}"' if isinstance(template, str) else "(unnamed)"
+    return (
+        f"minCount not defaulted: template {shown} matches no gang of TrainJob "
+        f'"{plan.trainjob_name}"; set gang.minCount'
+    )
+
+
+# --- status -----------------------------------------------------------------------------------
+
+
+def pod_group_status(obj: Mapping[str, Any]) -> GangStatus:
+    """What kube-scheduler's `PodGroupInitiallyScheduled` condition says of a PodGroup."""
+    spec = _spec(obj)
+    policy = spec.get("schedulingPolicy")
+    kind = "gang" if isinstance(policy, dict) and "gang" in policy else "basic"
+    status = obj.get("status")
+    conditions = status.get("conditions") if isinstance(status, dict) else None
+    for cond in conditions if isinstance(conditions, list) else ():
+        if not isinstance(cond, dict) or cond.get("type") != CONDITION:
+            continue
+        if cond.get("status") == "True":
+            at = cond.get("lastTransitionTime")
+            return GangStatus(kind, True, "Scheduled", at if isinstance(at, str) else None)
+        if cond.get("status") == "False":
+            reason = cond.get("reason")
+            if reason not in ("Unschedulable", "SchedulerError"):
+                reason = "Other"  # any other value would be a label value without bound
+            return GangStatus(kind, False, str(reason))
+    return GangStatus(kind, False, "NotEvaluated")
+
+
+# --- the backend ------------------------------------------------------------------------------
+
+
+class NativeBackend:
+    name: str = "native"
+    kinds: tuple[Kind, ...] = (WORKLOAD, POD_GROUP)
+    defaulted: tuple[Kind, ...] = (WORKLOAD, POD_GROUP)  # its mutating webhooks
+
+    @property
+    def rbac(self) -> tuple[Rule, ...]:
+        return (Rule((GROUP,), (WORKLOAD.plural, POD_GROUP.plural), OBJECT_VERBS),)
+
+    def render(self, plan: Plan, context: Context, uids: Uids | None = None) -> list[JsonObject]:
         if not plan.groups:
             return []
-        return [workload(plan), *(pod_group(plan, g, parent_uid) for g in plan.groups)]
+        workload_uid = (uids or {}).get((WORKLOAD.kind, plan.workload_name))
+        return [workload(plan), *(pod_group(plan, g, workload_uid) for g in plan.groups)]
+
+    def drift(self, desired: JsonObject, stored: JsonObject) -> Drift:
+        if desired.get("kind") == WORKLOAD.kind:
+            return workload_drift(desired, stored)
+        return pod_group_drift(desired, stored)
+
+    def pod_patch(self, pod: JsonObject, plan: Plan, group: GroupPlan) -> list[JsonObject]:
+        return [scheduling_group_op(pod, group.pod_group_name)]
+
+    def status(self, kind: Kind, obj: JsonObject) -> GangStatus | None:
+        return pod_group_status(obj) if kind == POD_GROUP else None
+
+    def admission_warnings(self, plan: Plan, context: Context) -> list[str]:
+        return []
+
+    def admission_errors(
+        self, plan: Plan, context: Context, facts: ClusterFacts
+    ) -> list[FieldError]:
+        return priority_class_errors(plan, facts)
+
+    def needs_default(self, kind: Kind, obj: Mapping[str, Any]) -> bool:
+        return needs_default(kind, obj)
+
+    def default(
+        self, kind: Kind, obj: Mapping[str, Any], plan: Plan
+    ) -> tuple[JsonObject, list[str]]:
+        return with_min_counts(kind, obj, plan)
+
+
+def scheduling_group_op(pod: Mapping[str, Any], pod_group_name: str) -> JsonObject:
+    """The one JSON Patch operation that puts a pod in a PodGroup (what jsonpatch would say)."""
+    value = {"podGroupName": pod_group_name}
+    spec = pod.get("spec")
+    if not isinstance(spec, dict):
+        op = "replace" if "spec" in pod else "add"
+        return {"op": op, "path": "/spec", "value": {"schedulingGroup": value}}
+    op = "replace" if "schedulingGroup" in spec else "add"
+    return {"op": op, "path": "/spec/schedulingGroup", "value": value}
