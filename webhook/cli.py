@@ -71,12 +71,23 @@ def _runtime_key(kind: str, namespace: str | None, name: str | None) -> RuntimeK
     return (kind, ns, name or "")
 
 
-def plan_command(paths: Sequence[str], out: TextIO, err: TextIO) -> int:
-    """Prints the objects each TrainJob in the files would get; field errors exit non-zero."""
-    from .backends.native import NativeBackend  # the Kubernetes client is slow to import
+def plan_command(
+    paths: Sequence[str], out: TextIO, err: TextIO, backend_name: str | None = None
+) -> int:
+    """Prints the objects each TrainJob in the files would get (from the backend its pods'
+    scheduler chooses, or `backend_name`); field errors exit non-zero."""
+    from .backends.base import Context
+    from .backends.registry import default_backends  # the Kubernetes client is slow to import
     from .core.plan import build_plan
 
-    backend: GangBackend = NativeBackend()
+    backends = default_backends()
+    chosen: GangBackend | None = None
+    if backend_name is not None:
+        chosen = backends.named(backend_name)
+        if chosen is None:
+            raise UsageError(
+                f"no backend {backend_name!r}: choose one of {', '.join(backends.names)}"
+            )
     docs = _load(paths)
     unknown = {d["kind"] for d in docs} - {"TrainJob", *RUNTIME_KINDS}
     if unknown:
@@ -127,7 +138,17 @@ def plan_command(paths: Sequence[str], out: TextIO, err: TextIO) -> int:
                 file=err,
             )
             continue
-        rendered += backend.render(plan)
+        backend = chosen or backends.for_plan(plan)
+        if backend is None:
+            print(
+                f"Note: TrainJob {_name(doc)!r}: its pods name the scheduler "
+                f"{plan.scheduler_name!r}, which no gang backend serves (use --backend)",
+                file=err,
+            )
+            continue
+        for warning in backend.admission_warnings(plan, Context.of(doc)):
+            print(f"Warning: {warning}", file=err)
+        rendered += backend.render(plan, Context.of(doc))
     if rendered:
         out.write(yaml.safe_dump_all(rendered, sort_keys=False))
     return 0 if ok else EXIT_INVALID
@@ -154,6 +175,12 @@ def build_parser(config: dict[str, Any] | None = None) -> argparse.ArgumentParse
         required=True,
         metavar="FILE",
         help="YAML file with TrainJobs and (Cluster)TrainingRuntimes; repeatable; - for stdin",
+    )
+    plan.add_argument(
+        "--backend",
+        metavar="NAME",
+        help="render for this gang backend (native, coscheduling, volcano, kai) instead of "
+        "the one the pods' scheduler chooses",
     )
     _add_serve(commands, config or {})
     _add_certs(commands)
@@ -295,6 +322,15 @@ _SERVE_OPTIONS: list[tuple[str, str, Any, str, str]] = [
      "larger request header sections get 431"),
     ("--body-timeout", "BODY_TIMEOUT", _positive(float), "10",
      "seconds a request's body may take (slow clients get 408)"),
+    ("--native-schedulers", "NATIVE_SCHEDULERS", _names, "default-scheduler",
+     "pod scheduler names whose TrainJobs get native Workloads and PodGroups"),
+    ("--coscheduling-schedulers", "COSCHEDULING_SCHEDULERS", _names,
+     "scheduler-plugins-scheduler,slurm-bridge-scheduler",
+     "scheduler names whose TrainJobs get scheduler-plugins (Coscheduling) PodGroups"),
+    ("--volcano-schedulers", "VOLCANO_SCHEDULERS", _names, "volcano",
+     "scheduler names whose TrainJobs get Volcano PodGroups"),
+    ("--kai-schedulers", "KAI_SCHEDULERS", _names, "kai-scheduler",
+     "scheduler names whose TrainJobs get KAI Scheduler PodGroups"),
     ("--log-level", "LOG_LEVEL", str.lower, "info", "debug, info, warning or error"),
     ("--cert-management", "CERT_MANAGEMENT", str.lower, "auto",
      "files: tls.crt/tls.key in --cert-dir; self: a Secret this service keeps, its CA injected "
@@ -430,6 +466,12 @@ def serve_command(args: argparse.Namespace) -> int:
         header_timeout=args.header_timeout,
         max_header_bytes=args.max_header_bytes,
         limits=Limits(max_body_bytes=args.max_body_bytes, body_timeout=args.body_timeout),
+        schedulers={
+            "native": args.native_schedulers,
+            "coscheduling": args.coscheduling_schedulers,
+            "volcano": args.volcano_schedulers,
+            "kai": args.kai_schedulers,
+        },
         certs=CertSettings(
             mode=args.cert_management,
             secret_name=args.cert_secret_name,
@@ -479,7 +521,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser(config).parse_args(arguments)
     try:
         if args.command == "plan":
-            return plan_command(args.files, sys.stdout, sys.stderr)
+            return plan_command(args.files, sys.stdout, sys.stderr, args.backend)
         if args.command == "serve":
             return serve_command(args)
         if args.command == "certs":

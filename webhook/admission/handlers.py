@@ -11,14 +11,16 @@ from typing import Any
 
 import jsonpatch
 
-from ..core import defaults
+from ..backends.base import Context, Defaulting, Kind
+from ..core import defaults, kueue
 from ..core import errors as fe
 from ..core.errors import FieldError, Path
 from ..core.fields import parse
 from ..core.lifecycle import gang_exists
-from ..core.plan import JOBSET_NAME, Plan, pod_group_for_labels
-from ..core.trainer import TrainJob
-from ..core.validation import check_trainjob, validate_runtime
+from ..core.ownership import controller_uid, controlling_trainjob
+from ..core.plan import JOBSET_NAME, PlanningError, build_plan, group_for_labels
+from ..core.trainer import DEFAULT_SCHEDULER, TrainJob
+from ..core.validation import CheckedRuntime, check_trainjob, validate_runtime
 from ..kube.cache import Cache
 from .review import Decision, Review
 
@@ -130,7 +132,43 @@ def validate_trainjob_review(review: Review, cache: Cache) -> Decision:
     verdict = check_trainjob(trainjob, runtime, old, gang_exists(old, runtime))
     # The runtime's own warnings went to its author at its apply; the TrainJob's author would
     # only see them on every submission, so they are not repeated here.
-    return Decision() if verdict.allowed else denied(review, verdict.errors)
+    if not verdict.allowed:
+        return denied(review, verdict.errors)
+    if old is not None or runtime is None:
+        return Decision()  # an update is never blocked by what its gang's scheduler thinks
+    return _gang_verdict(review, trainjob, runtime, cache)
+
+
+def _gang_verdict(
+    review: Review, trainjob: TrainJob, runtime: CheckedRuntime, cache: Cache
+) -> Decision:
+    """What the TrainJob's gang backend says of its plan at `kubectl apply`: whether its API is
+    served, what the plan becomes with that scheduler, and what it would never schedule."""
+    try:
+        plan = build_plan(trainjob, runtime)
+    except PlanningError:
+        return Decision()  # said by validation already
+    if plan is None:
+        return Decision()
+    assert review.object is not None
+    context = Context.of(review.object)
+    warnings = kueue.topology_warnings(plan, runtime.runtime, context.labels)
+    backend = cache.backends.for_plan(plan)
+    if backend is None:
+        warnings.append(
+            f"its pods name the scheduler {plan.scheduler_name!r}, which no gang backend of "
+            "this service serves: the TrainJob gets no gang"
+        )
+        return Decision(warnings=warnings)
+    if cache.api(backend) == "not-served":
+        version = backend.kinds[0].group_version
+        warnings.append(
+            f"{backend.name} gang scheduling is unavailable ({version} is not served): the "
+            "TrainJob gets no gang until it is"
+        )
+    warnings += backend.admission_warnings(plan, context)
+    errors = backend.admission_errors(plan, context, cache.facts())
+    return denied(review, errors, warnings) if errors else Decision(warnings=warnings)
 
 
 def _runtime_unknowable(trainjob: TrainJob, connected: bool) -> FieldError:
@@ -162,9 +200,6 @@ def mutate_pod_review(review: Review, cache: Cache) -> Decision:
     spec = pod.get("spec")
     if isinstance(spec, dict) and spec.get("schedulingGroup") is not None:
         return Decision()  # already in a group: whoever set it decides
-    if cache.gang_api == "not-served":
-        # The API server would drop the field silently (GenericWorkload off): say so in the log.
-        return Decision(note="schedulingGroup not set: scheduling.k8s.io/v1beta1 is not served")
     lookup = cache.plan_for(_namespace(review, pod), trainjob)
     if lookup.plan is None:
         if lookup.state == "no-scheduling":
@@ -172,12 +207,30 @@ def mutate_pod_review(review: Review, cache: Cache) -> Decision:
         if lookup.state == "no-trainjob" and cache.connected and cache.trainjobs.synced:
             # A JobSet of the same name but no TrainJob: someone else's pod, silently.
             return Decision(note=lookup.detail)
-        return Decision(warnings=[f"schedulingGroup not set: {lookup.detail}"])
+        return Decision(warnings=[f"not tied to a gang: {lookup.detail}"])
+    plan = lookup.plan
     assert isinstance(labels, dict)
-    group = pod_group_for_labels(lookup.plan, labels)
+    group = group_for_labels(plan, labels)
     if group is None:
         return Decision()  # an untargeted ReplicatedJob: default scheduling
-    return Decision(patch=[pod_group_op(pod, group)])
+    backend = cache.backends.for_plan(plan)
+    if backend is None:
+        return Decision(note=f"no gang backend serves the scheduler {plan.scheduler_name!r}")
+    if cache.api(backend) == "not-served":
+        # No objects of this backend can exist (and the API server would drop a native
+        # schedulingGroup silently): say so in the log.
+        version = backend.kinds[0].group_version
+        return Decision(note=f"not tied to a gang: {version} is not served")
+    scheduler = spec.get("schedulerName") if isinstance(spec, dict) else None
+    if (scheduler or DEFAULT_SCHEDULER) != plan.scheduler_name:
+        detail = (
+            f"not tied to a gang: the pod names the scheduler {scheduler or DEFAULT_SCHEDULER!r}, "
+            f"its TrainJob's gang is for {plan.scheduler_name!r}"
+        )
+        return Decision(warnings=[detail])
+    if cache.foreign(backend, plan.trainjob_uid) is not None:
+        return Decision(note="not tied to a gang: another controller schedules this TrainJob")
+    return Decision(patch=backend.pod_patch(pod, plan, group) or None)
 
 
 def _namespace(review: Review, obj: dict[str, Any]) -> str:
@@ -189,51 +242,36 @@ def _namespace(review: Review, obj: dict[str, Any]) -> str:
     return ns if isinstance(ns, str) else ""
 
 
-def pod_group_op(pod: dict[str, Any], pod_group: str) -> dict[str, Any]:
-    """The one JSON Patch operation that puts a pod in `pod_group` (what jsonpatch would say)."""
-    value = {"podGroupName": pod_group}
-    spec = pod.get("spec")
-    if not isinstance(spec, dict):
-        op = "replace" if "spec" in pod else "add"
-        return {"op": op, "path": "/spec", "value": {"schedulingGroup": value}}
-    op = "replace" if "schedulingGroup" in spec else "add"
-    return {"op": op, "path": "/spec/schedulingGroup", "value": value}
+# --- a backend's own objects (the native Workload and PodGroup: minCount defaulting) ---------
 
 
-# --- Workloads and PodGroups -------------------------------------------------------------------
-
-
-def mutate_workload_review(review: Review, cache: Cache) -> Decision:
-    return _default_min_count(
-        review, cache, defaults.workload_lacks_min_count, defaults.with_workload_min_counts
-    )
-
-
-def mutate_pod_group_review(review: Review, cache: Cache) -> Decision:
-    return _default_min_count(
-        review, cache, defaults.pod_group_lacks_min_count, defaults.with_pod_group_min_count
-    )
-
-
-def _default_min_count(
-    review: Review,
-    cache: Cache,
-    lacks: Callable[[dict[str, Any]], bool],
-    fill: Callable[[dict[str, Any], Plan], tuple[dict[str, Any], list[str]]],
-) -> Decision:
+def mutate_backend_object_review(review: Review, cache: Cache) -> Decision:
     obj = review.object
-    if _skips(review) or obj is None or not lacks(obj):
-        return Decision()  # most Workloads and PodGroups: nothing to look up
-    trainjob = defaults.controlling_trainjob(obj)
+    found = _defaulting(cache, review.group, review.resource)
+    if _skips(review) or obj is None or found is None:
+        return Decision()
+    backend, kind = found
+    if not backend.needs_default(kind, obj):
+        return Decision()  # most objects: nothing to look up
+    trainjob = controlling_trainjob(obj)
     if trainjob is None:
-        return Decision()  # not a TrainJob's: the API server will ask for minCount itself
+        return Decision()  # not a TrainJob's: the API server will ask for what is missing
     lookup = cache.plan_for(_namespace(review, obj), trainjob)
     if lookup.plan is None:
         return Decision(warnings=[f"minCount not defaulted: {lookup.detail or lookup.state}"])
-    uid = defaults.controller_uid(obj)
+    uid = controller_uid(obj)
     if uid and lookup.plan.trainjob_uid and uid != lookup.plan.trainjob_uid:
         # Left over from an earlier TrainJob of the same name: its plan is not this one's.
         detail = f'owner uid {uid} is not TrainJob "{trainjob}" ({lookup.plan.trainjob_uid})'
         return Decision(warnings=[f"minCount not defaulted: {detail}"])
-    mutated, warnings = fill(obj, lookup.plan)
+    mutated, warnings = backend.default(kind, obj, lookup.plan)
     return Decision(patch=_diff(obj, mutated), warnings=warnings)
+
+
+def _defaulting(cache: Cache, group: str, resource: str) -> tuple[Defaulting, Kind] | None:
+    for backend in cache.backends.backends:
+        if isinstance(backend, Defaulting):
+            for kind in backend.defaulted:
+                if (kind.group, kind.plural) == (group, resource):
+                    return backend, kind
+    return None

@@ -50,6 +50,8 @@ WEBHOOKS: tuple[Webhook, ...] = (
     Webhook("validate", TRAINER, "v1alpha1", "TrainingRuntime", "trainingruntimes",
             h.validate_runtime_review),
     Webhook("validate", TRAINER, "v1alpha1", "TrainJob", "trainjobs", h.validate_trainjob_review),
-    Webhook("mutate", SCHEDULING, "v1beta1", "Workload", "workloads", h.mutate_workload_review),
-    Webhook("mutate", SCHEDULING, "v1beta1", "PodGroup", "podgroups", h.mutate_pod_group_review),
+    Webhook("mutate", SCHEDULING, "v1beta1", "Workload", "workloads",
+            h.mutate_backend_object_review),
+    Webhook("mutate", SCHEDULING, "v1beta1", "PodGroup", "podgroups",
+            h.mutate_backend_object_review),
 )  # fmt: skip

@@ -7,122 +7,22 @@ cache entry they came from: an update replaces the entry, and with it the memo.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ..backends.base import ClusterFacts, GangBackend, Kind, is_managed
+from ..backends.registry import Backends, default_backends
 from ..core.fields import parse
 from ..core.plan import Plan, PlanningError, build_plan
 from ..core.snapshot import from_text, snapshot_of
 from ..core.trainer import CLUSTER_RUNTIME_KIND, NAMESPACED_RUNTIME_KIND, Runtime, TrainJob
 from ..core.validation import CheckedRuntime, check_stored_runtime
+from .index import OwnerIndex
+from .store import Entry, EventType, Key, Listener, Store, key_of
 
-Key = tuple[str, str]  # (namespace or "", name)
-EventType = Literal["ADDED", "MODIFIED", "DELETED"]
-# Told of every change after the store has it: (event, the object before or None, after or None).
-Listener = Callable[[EventType, dict[str, Any] | None, dict[str, Any] | None], None]
-
-
-class Entry:
-    """One cached object plus whatever was derived from it."""
-
-    __slots__ = ("memo", "memo_key", "raw")
-
-    def __init__(self, raw: dict[str, Any]) -> None:
-        self.raw = raw
-        self.memo: Any = None
-        self.memo_key: Any = None
-
-
-def key_of(raw: Mapping[str, Any]) -> Key | None:
-    meta = raw.get("metadata")
-    if not isinstance(meta, dict) or not isinstance(meta.get("name"), str):
-        return None
-    ns = meta.get("namespace")
-    return (ns if isinstance(ns, str) else "", meta["name"])
-
-
-class Store:
-    """The objects of one resource, as the last list and the watch events since have them."""
-
-    def __init__(self, resource: str) -> None:
-        self.resource = resource
-        self.synced = False
-        self._entries: dict[Key, Entry] = {}
-        self._listeners: list[Listener] = []
-        self.watched: tuple[str, ...] | None = None  # namespaces listed one by one, if so
-        self._listed: set[str | None] = set()
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def get(self, namespace: str, name: str) -> Entry | None:
-        return self._entries.get((namespace, name))
-
-    def items(self) -> Iterable[tuple[Key, Entry]]:
-        """A snapshot of the entries (safe to iterate while the store changes)."""
-        return list(self._entries.items())
-
-    def subscribe(self, listener: Listener) -> None:
-        self._listeners.append(listener)
-
-    def replace(self, items: Iterable[dict[str, Any]], namespace: str | None = None) -> None:
-        """A fresh list: the store becomes exactly these objects (keeping unchanged entries);
-        with `namespace`, only that namespace's part of the store (one informer per watched
-        namespace). Listeners hear of what the list changed, as if by watch events."""
-        fresh: dict[Key, Entry] = (
-            {k: e for k, e in self._entries.items() if k[0] != namespace} if namespace else {}
-        )
-        changes: list[tuple[EventType, dict[str, Any] | None, dict[str, Any] | None]] = []
-        for raw in items:
-            key = key_of(raw)
-            if key is None:
-                continue
-            old = self._entries.get(key)
-            if old is not None and _same(old.raw, raw):
-                fresh[key] = old
-                continue
-            fresh[key] = Entry(raw)
-            changes.append(("ADDED" if old is None else "MODIFIED", old.raw if old else None, raw))
-        changes += [("DELETED", e.raw, None) for k, e in self._entries.items() if k not in fresh]
-        self._entries = fresh
-        self._listed.add(namespace)
-        self.synced = self.watched is None or all(ns in self._listed for ns in self.watched)
-        for change in changes:
-            self._tell(*change)
-
-    def forget(self) -> None:
-        """Empty and not synced (its watch stopped); listeners hear of each removal."""
-        self.replace([])
-        self.synced = False
-        self._listed.clear()
-
-    def apply(self, event: EventType, raw: dict[str, Any]) -> None:
-        key = key_of(raw)
-        if key is None:
-            return
-        if event == "DELETED":
-            gone = self._entries.pop(key, None)
-            self._tell(event, gone.raw if gone else raw, None)
-        else:
-            old = self._entries.get(key)
-            self._entries[key] = Entry(raw)
-            self._tell(event, old.raw if old else None, raw)
-
-    def _tell(
-        self, event: EventType, old: dict[str, Any] | None, new: dict[str, Any] | None
-    ) -> None:
-        for listener in self._listeners:
-            listener(event, old, new)
-
-
-def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    """Equal objects; one nested past Python's recursion limit (the API server stores up to
-    its own limit) counts as changed rather than failing the list."""
-    try:
-        return a == b
-    except RecursionError:
-        return False
+__all__ = ["Cache", "Entry", "EventType", "GangApi", "Key", "Listener", "PlanLookup", "Store"]
+__all__ += ["key_of"]
 
 
 @dataclass(frozen=True)
@@ -134,29 +34,36 @@ class PlanLookup:
     detail: str = ""
 
 
-# Whether scheduling.k8s.io/v1beta1 serves workloads and podgroups (discovery says).
+# Whether a backend's API group/version serves its kinds (discovery says).
 GangApi = Literal["unknown", "served", "not-served"]
 
 
 class Cache:
     """TrainJobs, TrainingRuntimes and ClusterTrainingRuntimes (the webhooks and the reconciler
-    read them), and the Workloads and PodGroups the reconciler writes.
+    read them), and the objects of every gang backend (what the reconciler writes).
 
     `connected` is False when the service runs without a cluster: the stores stay empty and
     count as synced, so the webhooks still answer (and say they know nothing).
     """
 
-    def __init__(self, connected: bool) -> None:
+    def __init__(self, connected: bool, backends: Backends | None = None) -> None:
         self.connected = connected
+        self.backends = backends or default_backends()
         self.trainjobs = Store("trainjobs")
         self.training_runtimes = Store("trainingruntimes")
         self.cluster_runtimes = Store("clustertrainingruntimes")
-        self.workloads = Store("workloads")
-        self.pod_groups = Store("podgroups")
-        self.gang_api: GangApi = "unknown"
+        # Not needed for readiness: admission checks a plan's classes only once it is listed.
+        self.priority_classes = Store("priorityclasses")
+        self.gang_stores: dict[Kind, Store] = {
+            kind: Store(f"{kind.plural}.{kind.group}") for kind in self.backends.kinds
+        }
+        self.apis: dict[str, GangApi] = {name: "unknown" for name in self.backends.names}
+        self.owners: dict[Kind, OwnerIndex] = {
+            k: OwnerIndex(s) for k, s in self.gang_stores.items()
+        }
         self._snapshots: dict[str, CheckedRuntime] = {}
         if not connected:
-            for store in (*self.stores, *self.scheduling_stores):
+            for store in (*self.stores, *self.gang_stores.values()):
                 store.synced = True
 
     @property
@@ -164,10 +71,40 @@ class Cache:
         """The stores the webhooks need synced before they are ready."""
         return (self.trainjobs, self.training_runtimes, self.cluster_runtimes)
 
-    @property
-    def scheduling_stores(self) -> tuple[Store, ...]:
-        """The reconciler's own objects; watched only while the API serves them."""
-        return (self.workloads, self.pod_groups)
+    def store(self, kind: Kind) -> Store:
+        return self.gang_stores[kind]
+
+    def backend_stores(self, backend: GangBackend) -> tuple[Store, ...]:
+        """The stores of one backend's kinds; watched only while its API is served."""
+        return tuple(self.gang_stores[k] for k in backend.kinds)
+
+    def api(self, backend: GangBackend | str) -> GangApi:
+        """What discovery says of a backend's API."""
+        return self.apis.get(backend if isinstance(backend, str) else backend.name, "unknown")
+
+    def facts(self) -> ClusterFacts:
+        """What admission may check a plan against (only what the cache has listed)."""
+        classes = None
+        if self.connected and self.priority_classes.synced:
+            classes = frozenset(name for (_, name), _ in self.priority_classes.items())
+        return ClusterFacts(priority_classes=classes)
+
+    def owned(self, kind: Kind, uid: str | None) -> list[dict[str, Any]]:
+        """The stored objects of `kind` whose controller is the TrainJob with this uid."""
+        return self.owners[kind].owned_by(uid)
+
+    def foreign(self, backend: GangBackend, uid: str | None) -> tuple[Kind, dict[str, Any]] | None:
+        """An object of the backend's kinds that the TrainJob controls but another controller
+        made (it lacks this service's label): then this service stands down for the TrainJob."""
+        for kind in backend.kinds:
+            for obj in self.owned(kind, uid):
+                if not is_managed(obj):
+                    return kind, obj
+        return None
+
+    def backend_ready(self, backend: GangBackend) -> bool:
+        """Served, and its objects listed: what the cache says of them is the cluster's."""
+        return self.api(backend) == "served" and all(s.synced for s in self.backend_stores(backend))
 
     @property
     def synced(self) -> bool:

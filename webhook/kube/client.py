@@ -11,6 +11,7 @@ from typing import Any
 from kubernetes.aio import config as kube_config
 from kubernetes.aio.client import ApiClient, Configuration
 
+from ..backends.base import GangBackend, Kind
 from ..core.trainer import TRAINER_GROUP
 from .cache import Cache, Store
 from .informer import Informer, Resource
@@ -21,6 +22,7 @@ TRAINER = TRAINER_GROUP
 TRAINJOBS = Resource(TRAINER, "v1alpha1", "trainjobs")
 TRAINING_RUNTIMES = Resource(TRAINER, "v1alpha1", "trainingruntimes")
 CLUSTER_RUNTIMES = Resource(TRAINER, "v1alpha1", "clustertrainingruntimes")
+PRIORITY_CLASSES = Resource("scheduling.k8s.io", "v1", "priorityclasses")
 
 
 async def connect(
@@ -51,9 +53,8 @@ async def connect(
     return ApiClient(configuration=cfg)
 
 
-WORKLOADS = Resource("scheduling.k8s.io", "v1beta1", "workloads")
-POD_GROUPS = Resource("scheduling.k8s.io", "v1beta1", "podgroups")
-SCHEDULING_NOT_SERVED = " (scheduling.k8s.io/v1beta1 is not served: is GenericWorkload on?)"
+def resource(kind: Kind) -> Resource:
+    return Resource(kind.group, kind.version, kind.plural)
 
 
 def _per_namespace(
@@ -80,24 +81,29 @@ def informers(
     namespaces: Sequence[str] = (),
     on_restart: Callable[[str], None] | None = None,
 ) -> list[Informer]:
-    """The webhooks' watches: TrainJobs and TrainingRuntimes (in `namespaces`, or everywhere)
-    and ClusterTrainingRuntimes."""
+    """The webhooks' watches: TrainJobs and TrainingRuntimes (in `namespaces`, or everywhere),
+    ClusterTrainingRuntimes, and PriorityClasses (admission checks the ones a gang names)."""
     return [
         *_per_namespace(api, TRAINJOBS, cache.trainjobs, namespaces, on_restart),
         *_per_namespace(api, TRAINING_RUNTIMES, cache.training_runtimes, namespaces, on_restart),
         *_per_namespace(api, CLUSTER_RUNTIMES, cache.cluster_runtimes, (), on_restart),
+        *_per_namespace(api, PRIORITY_CLASSES, cache.priority_classes, (), on_restart),
     ]
 
 
-def scheduling_informers(
+def backend_informers(
     api: ApiClient,
     cache: Cache,
+    backend: GangBackend,
     namespaces: Sequence[str] = (),
     on_restart: Callable[[str], None] | None = None,
 ) -> list[Informer]:
-    """The reconciler's watches: Workloads and PodGroups (started once discovery serves them)."""
-    hint = {"not_served_hint": SCHEDULING_NOT_SERVED}
+    """The watches of one backend's kinds (started once discovery serves its API)."""
+    hint = {"not_served_hint": f" ({backend.kinds[0].group_version} is not served)"}
     return [
-        *_per_namespace(api, WORKLOADS, cache.workloads, namespaces, on_restart, **hint),
-        *_per_namespace(api, POD_GROUPS, cache.pod_groups, namespaces, on_restart, **hint),
+        informer
+        for kind in backend.kinds
+        for informer in _per_namespace(
+            api, resource(kind), cache.store(kind), namespaces, on_restart, **hint
+        )
     ]

@@ -1,9 +1,11 @@
-"""Is gang scheduling available? Discovery of `scheduling.k8s.io/v1beta1`, at start and then
-every `period` seconds, and the Workload and PodGroup watches that only run while it is.
+"""Which gang backends' APIs the cluster serves: discovery of each backend's group/version, at
+start and then every `period` seconds, and the watches of its kinds, which run only while it is.
 
-With GenericWorkload off (or an older cluster), the API server does not serve the group and
-silently drops `pod.spec.schedulingGroup` (was-api.md 1.6): the reconciler then creates nothing
-and the pod webhook injects nothing, while the webhooks stay ready for everything else.
+With GenericWorkload off (or an older cluster), the API server does not serve
+`scheduling.k8s.io/v1beta1` and silently drops `pod.spec.schedulingGroup` (was-api.md 1.6); a
+scheduler whose CRDs are not installed has no PodGroup kind to create. Either way the reconciler
+creates nothing for that backend and the pod webhook ties no pod to it, while the webhooks stay
+ready for everything else. Each change is logged once, not on every check.
 """
 
 from __future__ import annotations
@@ -16,24 +18,32 @@ from typing import Any
 import orjson
 from kubernetes.aio.client import ApiClient
 
+from ..backends.base import GangBackend
 from .cache import Cache, GangApi
-from .client import POD_GROUPS, WORKLOADS
 from .informer import Informer
 
 log = logging.getLogger("webhook.discovery")
 
-GROUP_VERSION = f"{WORKLOADS.group}/{WORKLOADS.version}"
-NEEDED = frozenset({WORKLOADS.plural, POD_GROUPS.plural})
+# Why a backend's API may be missing, for the error line.
+HINTS = {
+    "native": "is the GenericWorkload feature gate on, with "
+    "--runtime-config=scheduling.k8s.io/v1beta1=true?",
+    "coscheduling": "is scheduler-plugins (its PodGroup CRD) installed?",
+    "volcano": "is Volcano (its PodGroup CRD) installed?",
+    "kai": "is the KAI Scheduler (its PodGroup CRD) installed?",
+}
 
 
-async def gang_api_state(api: ApiClient, timeout: float = 10.0) -> GangApi:
-    """What discovery says now; "unknown" when the API server cannot be asked."""
+async def api_state(
+    api: ApiClient, group_version: str, needed: frozenset[str], timeout: float = 10.0
+) -> GangApi:
+    """What discovery says of one group/version now; "unknown" when it cannot be asked."""
     try:
         # As the client's get_api_resources(), but without its trailing slash: the canonical
         # discovery path, which every API server (and the test emulator) serves.
         param = await api.param_serialize(
             method="GET",
-            resource_path=f"/apis/{GROUP_VERSION}",
+            resource_path=f"/apis/{group_version}",
             header_params={"Accept": "application/json"},
             auth_settings=["BearerToken"],
         )
@@ -47,32 +57,37 @@ async def gang_api_state(api: ApiClient, timeout: float = 10.0) -> GangApi:
     except asyncio.CancelledError:
         raise
     except Exception as err:
-        log.warning("discovery failed", extra={"fields": {"error": f"{type(err).__name__}: {err}"}})
+        log.warning(
+            "discovery failed",
+            extra={"fields": {"api": group_version, "error": f"{type(err).__name__}: {err}"}},
+        )
         return "unknown"
     if status == 404:
         return "not-served"
     if status != 200:
-        log.warning("discovery failed", extra={"fields": {"error": f"HTTP {status}"}})
+        log.warning(
+            "discovery failed", extra={"fields": {"api": group_version, "error": f"HTTP {status}"}}
+        )
         return "unknown"
     try:
         resources = orjson.loads(body).get("resources") or []
         served = {r.get("name") for r in resources if isinstance(r, dict)}
     except (orjson.JSONDecodeError, AttributeError):
         return "unknown"
-    return "served" if served >= NEEDED else "not-served"
+    return "served" if served >= needed else "not-served"
 
 
-class GangApiWatch:
-    """Keeps `cache.gang_api` current and the scheduling informers running while it is served."""
+class BackendApiWatch:
+    """Keeps `cache.apis` current and each backend's informers running while it is served."""
 
     def __init__(
         self,
         api: ApiClient,
         cache: Cache,
-        make_informers: Callable[[], list[Informer]],
+        make_informers: Callable[[GangBackend], list[Informer]],
         *,
         period: float = 60.0,
-        on_change: Callable[[GangApi], None] | None = None,
+        on_change: Callable[[GangBackend, GangApi], None] | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.api = api
@@ -81,38 +96,47 @@ class GangApiWatch:
         self.period = period
         self.on_change = on_change
         self.sleep = sleep
-        self._watches: list[asyncio.Task[None]] = []
+        self._watches: dict[str, list[asyncio.Task[None]]] = {}
 
     async def run(self) -> None:
         try:
             while True:
-                state = await gang_api_state(self.api)
-                if state != "unknown" and state != self.cache.gang_api:
-                    await self._became(state)
+                for backend in self.cache.backends.backends:
+                    kinds = backend.kinds
+                    state = await api_state(
+                        self.api, kinds[0].group_version, frozenset(k.plural for k in kinds)
+                    )
+                    if state != "unknown" and state != self.cache.api(backend):
+                        await self._became(backend, state)
                 await self.sleep(self.period)
         finally:
-            await self._stop_watches()
+            for backend in self.cache.backends.backends:
+                await self._stop_watches(backend)
 
-    async def _became(self, state: GangApi) -> None:
-        self.cache.gang_api = state
+    async def _became(self, backend: GangBackend, state: GangApi) -> None:
+        self.cache.apis[backend.name] = state
+        version = backend.kinds[0].group_version
+        kinds = "/".join(k.plural for k in backend.kinds)
         if state == "served":
-            log.info(f"{GROUP_VERSION} workloads and podgroups are served: gang scheduling on")
-            self._watches = [asyncio.create_task(i.run()) for i in self.make_informers()]
+            log.info(f"{version} {kinds} are served: the {backend.name} gang backend is on")
+            self._watches[backend.name] = [
+                asyncio.create_task(i.run()) for i in self.make_informers(backend)
+            ]
         else:
+            hint = HINTS.get(backend.name, "is its CRD installed?")
             log.error(
-                f"{GROUP_VERSION} workloads/podgroups are not served (is the GenericWorkload "
-                "feature gate on, with --runtime-config=scheduling.k8s.io/v1beta1=true?): gang "
-                "scheduling is unavailable; no Workloads or PodGroups are made and pods get no "
-                "schedulingGroup"
+                f"{version} {kinds} are not served ({hint}): {backend.name} gang scheduling is "
+                "unavailable; TrainJobs whose pods name its scheduler get no gang objects and "
+                "their pods are not tied to one"
             )
-            await self._stop_watches()
+            await self._stop_watches(backend)
         if self.on_change:
-            self.on_change(state)
+            self.on_change(backend, state)
 
-    async def _stop_watches(self) -> None:
-        for task in self._watches:
+    async def _stop_watches(self, backend: GangBackend) -> None:
+        tasks = self._watches.pop(backend.name, [])
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._watches, return_exceptions=True)
-        self._watches = []
-        for store in self.cache.scheduling_stores:
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for store in self.cache.backend_stores(backend):
             store.forget()

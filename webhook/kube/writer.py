@@ -15,11 +15,11 @@ from typing import Any
 
 from kubernetes.aio.client import ApiClient, CustomObjectsApi
 
+from ..backends.base import Kind
 from ..core.snapshot import SNAPSHOT_ANNOTATION
-from .client import POD_GROUPS, TRAINJOBS, WORKLOADS
+from .client import TRAINJOBS
 
 JsonObject = dict[str, Any]
-RESOURCES = {"Workload": WORKLOADS, "PodGroup": POD_GROUPS}
 
 
 class TokenBucket:
@@ -66,18 +66,16 @@ class ApiWriter:
         self.settings = settings
         self.bucket = bucket or TokenBucket(settings.qps, settings.burst)
 
-    async def create(self, obj: JsonObject) -> JsonObject:
-        r = RESOURCES[obj["kind"]]
+    async def create(self, r: Kind, obj: JsonObject) -> JsonObject:
         ns = obj["metadata"]["namespace"]
         created: JsonObject = await self._call(
             self.objects.create_namespaced_custom_object, r.group, r.version, ns, r.plural, obj
         )
         return created
 
-    async def delete(self, kind: str, namespace: str, name: str, uid: str | None) -> None:
+    async def delete(self, r: Kind, namespace: str, name: str, uid: str | None) -> None:
         """Deletes with a uid precondition, so a newer object of the same name is never hit;
         background propagation, as the garbage collector would."""
-        r = RESOURCES[kind]
         body: JsonObject = {"propagationPolicy": "Background"}
         if uid:
             body["preconditions"] = {"uid": uid}
@@ -87,9 +85,8 @@ class ApiWriter:
         )  # fmt: skip
 
     async def json_patch(
-        self, kind: str, namespace: str, name: str, ops: list[JsonObject]
+        self, r: Kind, namespace: str, name: str, ops: list[JsonObject]
     ) -> JsonObject:
-        r = RESOURCES[kind]
         patched: JsonObject = await self._call(
             self.objects.patch_namespaced_custom_object,
             r.group, r.version, namespace, r.plural, name, ops,

@@ -1,10 +1,11 @@
-"""Gang signals from the PodGroups this service made, as kube-scheduler's conditions tell them.
+"""Gang signals from the group objects this service made, as their schedulers tell them.
 
+Each backend reads its own objects' status (`GangBackend.status`). For the native one,
 kube-scheduler writes `PodGroupInitiallyScheduled` on a PodGroup: `False` with reason
 `Unschedulable` (capacity, affinity, topology: the gang does not fit) or `SchedulerError`, and
 `True` once the gang is placed (it never goes back). Before the scheduler has judged the group
 there is no condition: the gang's pods are still being created or have not reached the scheduler
-(assembly). So:
+(assembly). Every family has a `backend` label. So:
 
 * `trainjob_scheduling_gangs{policy, state, reason}` counts PodGroups now, at scrape time:
   `state="scheduled", reason="Scheduled"`, or `state="waiting"` with `reason` one of
@@ -24,28 +25,30 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from ..backends.base import MANAGED_BY, MANAGED_BY_LABEL
-from ..kube.cache import EventType, Store
+from ..backends.base import WAITING_REASONS, GangBackend, GangStatus, Kind, is_managed
+from ..backends.native import pod_group_status
+from ..kube.store import EventType
 from .registry import Metrics
 
-CONDITION = "PodGroupInitiallyScheduled"
+if TYPE_CHECKING:
+    from ..kube.cache import Cache
+
 POLICIES = ("gang", "basic")
-WAITING_REASONS = ("NotEvaluated", "Unschedulable", "SchedulerError", "Other")
 WAITED_ON = {"Unschedulable": "capacity", "SchedulerError": "scheduler_error", "Other": "other"}
-# Of the `False` verdicts a PodGroup went through, the one `waited_on` names: an error to fix
+# Of the `False` verdicts a group went through, the one `waited_on` names: an error to fix
 # outranks a lack of capacity, which outranks anything else.
 _RANK = {"": 0, "Other": 1, "Unschedulable": 2, "SchedulerError": 3}
 # Seconds to minutes for a healthy cluster, hours when capacity is short.
 TIME_TO_SCHEDULED_BUCKETS = (
     1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 21600.0, 86400.0,
 )  # fmt: skip
-MAX_TRACKED = 100_000  # waiting PodGroups remembered; far above any real cluster's count
+MAX_TRACKED = 100_000  # waiting groups remembered; far above any real cluster's count
 
 
 @dataclass(frozen=True)
@@ -54,7 +57,7 @@ class GangState:
     scheduled: bool
     reason: str  # Scheduled, or one of WAITING_REASONS
     created: float | None  # unix time
-    scheduled_at: float | None  # the condition's lastTransitionTime when True
+    scheduled_at: float | None  # when it was scheduled, if the object says
 
 
 def _timestamp(value: Any) -> float | None:
@@ -67,33 +70,21 @@ def _timestamp(value: Any) -> float | None:
 
 
 def managed(raw: dict[str, Any] | None) -> bool:
-    meta = raw.get("metadata") if raw else None
-    labels = meta.get("labels") if isinstance(meta, dict) else None
-    return isinstance(labels, dict) and labels.get(MANAGED_BY_LABEL) == MANAGED_BY
+    return is_managed(raw)
+
+
+def state_of(status: GangStatus, raw: dict[str, Any]) -> GangState:
+    meta = raw.get("metadata")
+    created = _timestamp(meta.get("creationTimestamp")) if isinstance(meta, dict) else None
+    reason = status.reason if status.scheduled or status.reason in WAITING_REASONS else "Other"
+    return GangState(
+        status.policy, status.scheduled, reason, created, _timestamp(status.scheduled_at)
+    )
 
 
 def gang_state(raw: dict[str, Any]) -> GangState:
-    """What a PodGroup's spec and status say about its gang."""
-    spec = raw.get("spec")
-    policy = spec.get("schedulingPolicy") if isinstance(spec, dict) else None
-    kind = "gang" if isinstance(policy, dict) and "gang" in policy else "basic"
-    meta = raw.get("metadata")
-    created = _timestamp(meta.get("creationTimestamp")) if isinstance(meta, dict) else None
-    status = raw.get("status")
-    conditions = status.get("conditions") if isinstance(status, dict) else None
-    for cond in conditions if isinstance(conditions, list) else ():
-        if not isinstance(cond, dict) or cond.get("type") != CONDITION:
-            continue
-        if cond.get("status") == "True":
-            return GangState(
-                kind, True, "Scheduled", created, _timestamp(cond.get("lastTransitionTime"))
-            )
-        if cond.get("status") == "False":
-            reason = cond.get("reason")
-            if reason not in ("Unschedulable", "SchedulerError"):
-                reason = "Other"  # any other value would be a label value without bound
-            return GangState(kind, False, str(reason), created, None)
-    return GangState(kind, False, "NotEvaluated", created, None)
+    """What a native PodGroup's spec and status say about its gang."""
+    return state_of(pod_group_status(raw), raw)
 
 
 def _uid(raw: dict[str, Any]) -> str:
@@ -103,29 +94,56 @@ def _uid(raw: dict[str, Any]) -> str:
 
 
 class GangTracker(Collector):
-    """Follows the cache's PodGroup store: observes time-to-scheduled as conditions change, and
-    counts the gangs at scrape time. Create one per service; it registers itself."""
+    """Follows the cache's stores of every backend's group objects: observes time-to-scheduled
+    as their status changes, and counts the gangs at scrape time. Create one per service; it
+    registers itself."""
 
     def __init__(
-        self, metrics: Metrics, store: Store, clock: Callable[[], float] = time.time
+        self, metrics: Metrics, cache: Cache, clock: Callable[[], float] = time.time
     ) -> None:
-        self.store = store
         self.clock = clock
+        self.followed: list[tuple[GangBackend, Kind]] = []
+        self.cache = cache
         self.time_to_scheduled = Histogram(
             "trainjob_scheduling_gang_time_to_scheduled_seconds",
-            "Time from a PodGroup's creation to PodGroupInitiallyScheduled=True, by policy and "
-            "by what it waited on: pods (assembly), capacity (Unschedulable), scheduler_error.",
-            ["policy", "waited_on"],
+            "Time from a group object's creation to its scheduling, by backend, policy and by "
+            "what it waited on: pods (assembly), capacity (Unschedulable), scheduler_error.",
+            ["backend", "policy", "waited_on"],
             buckets=TIME_TO_SCHEDULED_BUCKETS,
             registry=metrics.registry,
         )
-        # uid -> the top-ranked `False` reason seen ("" for none), for PodGroups seen waiting.
+        # uid -> the top-ranked `False` reason seen ("" for none), for groups seen waiting.
         self._waiting: dict[str, str] = {}
         metrics.registry.register(self)
-        store.subscribe(self._changed)
+        probe: dict[str, Any] = {"metadata": {}}
+        for backend in cache.backends.backends:
+            for kind in backend.kinds:
+                if backend.status(kind, probe) is None:
+                    continue  # this kind carries no gang status (the native Workload)
+                self.followed.append((backend, kind))
+                cache.store(kind).subscribe(self._follower(backend, kind))
+
+    def _follower(
+        self, backend: GangBackend, kind: Kind
+    ) -> Callable[[EventType, dict[str, Any] | None, dict[str, Any] | None], None]:
+        def changed(
+            event: EventType, old: dict[str, Any] | None, new: dict[str, Any] | None
+        ) -> None:
+            self._changed(backend, kind, event, old, new)
+
+        return changed
+
+    def _state(self, backend: GangBackend, kind: Kind, raw: dict[str, Any]) -> GangState | None:
+        status = backend.status(kind, raw)
+        return None if status is None else state_of(status, raw)
 
     def _changed(
-        self, event: EventType, old: dict[str, Any] | None, new: dict[str, Any] | None
+        self,
+        backend: GangBackend,
+        kind: Kind,
+        event: EventType,
+        old: dict[str, Any] | None,
+        new: dict[str, Any] | None,
     ) -> None:
         if new is None or event == "DELETED":
             if old is not None:
@@ -133,48 +151,56 @@ class GangTracker(Collector):
             return
         if not managed(new):
             return
-        uid, state = _uid(new), gang_state(new)
+        uid, state = _uid(new), self._state(backend, kind, new)
+        if state is None:
+            return
         seen = self._waiting.get(uid)
         if state.scheduled:
             # Seen waiting before: observe once. Never seen waiting (scheduled before this
             # process started, or before it listed): not observed, so a restart adds nothing.
             if seen is not None:
                 del self._waiting[uid]
-                self._observe(state, seen)
+                self._observe(backend, state, seen)
             return
         if seen is None and len(self._waiting) >= MAX_TRACKED:
             return
         verdict = "" if state.reason == "NotEvaluated" else state.reason
         self._waiting[uid] = max(seen or "", verdict, key=_RANK.__getitem__)
 
-    def _observe(self, state: GangState, seen: str) -> None:
+    def _observe(self, backend: GangBackend, state: GangState, seen: str) -> None:
         if state.created is None or state.scheduled_at is None:
             return
         waited_on = WAITED_ON[seen] if seen else "pods"
         seconds = max(0.0, state.scheduled_at - state.created)  # clocks may disagree slightly
-        self.time_to_scheduled.labels(state.policy, waited_on).observe(seconds)
+        self.time_to_scheduled.labels(backend.name, state.policy, waited_on).observe(seconds)
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
         yield from self._families()
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        counts = {(p, r): 0 for p in POLICIES for r in ("Scheduled", *WAITING_REASONS)}
-        oldest = {(p, r): 0.0 for p in POLICIES for r in WAITING_REASONS}
-        now = self.clock()
-        for _, entry in self.store.items():
-            if not managed(entry.raw):
-                continue
-            state = gang_state(entry.raw)
-            key = (state.policy, state.reason)
-            counts[key] += 1
-            if not state.scheduled and state.created is not None:
-                oldest[key] = max(oldest[key], now - state.created)
         gangs, ages = self._families()
-        for (policy, reason), count in counts.items():
-            phase = "scheduled" if reason == "Scheduled" else "waiting"
-            gangs.add_metric([policy, phase, reason], count)
-        for (policy, reason), age in oldest.items():
-            ages.add_metric([policy, reason], age)
+        now = self.clock()
+        for name in dict.fromkeys(b.name for b, _ in self.followed):
+            counts = {(p, r): 0 for p in POLICIES for r in ("Scheduled", *WAITING_REASONS)}
+            oldest = {(p, r): 0.0 for p in POLICIES for r in WAITING_REASONS}
+            for backend, kind in self.followed:
+                if backend.name != name:
+                    continue
+                for _, entry in self.cache.store(kind).items():
+                    if not managed(entry.raw):
+                        continue
+                    state = self._state(backend, kind, entry.raw)
+                    if state is None:
+                        continue
+                    key = (state.policy, state.reason)
+                    counts[key] += 1
+                    if not state.scheduled and state.created is not None:
+                        oldest[key] = max(oldest[key], now - state.created)
+            for (policy, reason), count in counts.items():
+                phase = "scheduled" if reason == "Scheduled" else "waiting"
+                gangs.add_metric([name, policy, phase, reason], count)
+            for (policy, reason), age in oldest.items():
+                ages.add_metric([name, policy, reason], age)
         yield gangs
         yield ages
 
@@ -182,13 +208,13 @@ class GangTracker(Collector):
     def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
         gangs = GaugeMetricFamily(
             "trainjob_scheduling_gangs",
-            "This service's PodGroups by policy, state (scheduled, waiting) and reason "
-            "(Scheduled; NotEvaluated = assembling, Unschedulable, SchedulerError, Other).",
-            labels=["policy", "state", "reason"],
+            "This service's group objects by backend, policy, state (scheduled, waiting) and "
+            "reason (Scheduled; NotEvaluated = assembling, Unschedulable, SchedulerError, Other).",
+            labels=["backend", "policy", "state", "reason"],
         )
         ages = GaugeMetricFamily(
             "trainjob_scheduling_gangs_waiting_oldest_seconds",
-            "Age of the oldest waiting PodGroup by policy and reason (0 when none waits).",
-            labels=["policy", "reason"],
+            "Age of the oldest waiting group object by backend, policy and reason (0 when none).",
+            labels=["backend", "policy", "reason"],
         )
         return gangs, ages

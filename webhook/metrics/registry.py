@@ -165,7 +165,27 @@ class Metrics:
         )
         self.gang_api_available = Gauge(
             "trainjob_scheduling_gang_api_available",
-            "1 when discovery shows scheduling.k8s.io/v1beta1 serving workloads and podgroups.",
+            "1 when discovery shows scheduling.k8s.io/v1beta1 serving workloads and podgroups "
+            "(the native backend's API; the others are in ..._backend_api_available).",
+            registry=r,
+        )
+        self.backend_api_available = Gauge(
+            "trainjob_scheduling_backend_api_available",
+            "1 when discovery shows the API of a gang backend (its CRDs) served, by backend.",
+            ["backend"],
+            registry=r,
+        )
+        self.trainjobs_without_backend = Gauge(
+            "trainjob_scheduling_trainjobs_without_backend",
+            "TrainJobs whose pods name a scheduler whose gang backend's API is not served, by "
+            "backend: they get no gang until it is.",
+            ["backend"],
+            registry=r,
+        )
+        self.trainjobs_stood_down = Gauge(
+            "trainjob_scheduling_trainjobs_stood_down",
+            "TrainJobs for which another controller made the gang objects (this service "
+            "creates nothing for them).",
             registry=r,
         )
         self.events = Counter(

@@ -1,13 +1,20 @@
-"""Turns each TrainJob's plan into its Workload and PodGroups, and keeps them so (was-api.md 8).
+"""Turns each TrainJob's plan into its gang backend's objects, and keeps them so (was-api.md 8).
 
 One pass over one TrainJob (`reconcile`) reads only the cache, decides, and writes through
-`ApiWriter`. Changes to TrainJobs and to the objects they control put the TrainJob's key on a
-work queue; workers take keys one at a time per key, so two passes over one TrainJob never race.
+`ApiWriter`. Which objects a plan needs, and how a stored one differs from them, the TrainJob's
+backend says (`backends/`); this module knows no object shapes. Changes to TrainJobs and to the
+objects they control put the TrainJob's key on a work queue; workers take keys one at a time
+per key, so two passes over one TrainJob never race.
+
+Only objects this service made (its label) are changed or deleted. When the TrainJob controls
+objects another controller made (the Trainer controller's own Workload-Aware Scheduling, say),
+the service stands down for it: nothing is created, nothing of theirs touched.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -16,11 +23,10 @@ from typing import TYPE_CHECKING, Any
 
 from kubernetes.aio.client.exceptions import ApiException
 
-from ..backends.native import NativeBackend, pod_group, workload
-from ..core.defaults import controller_ref, is_trainjob_ref
-from ..core.drift import Drift, controlled_by, pod_group_drift, workload_drift
+from ..backends.base import Context, Drift, GangBackend, Kind, is_managed
 from ..core.fields import parse
 from ..core.lifecycle import is_finished, no_gang_reason
+from ..core.ownership import controlled_by, controller_ref, is_trainjob_ref
 from ..core.plan import Plan, PlanningError, build_plan
 from ..core.snapshot import snapshot, snapshot_of
 from ..core.trainer import TrainJob
@@ -28,7 +34,6 @@ from ..core.validation import CheckedRuntime
 from ..kube.cache import Cache, EventType, Key, key_of
 from ..kube.events import EventRecorder
 from ..kube.writer import ApiWriter
-from .index import OwnerIndex
 from .queue import QueueMetrics, ShutDown, WorkQueue
 
 if TYPE_CHECKING:
@@ -75,18 +80,19 @@ class Reconciler:
         self.settings = settings
         self.metrics = metrics
         self.clock = clock
-        self.backend = NativeBackend()
+        self.backends = cache.backends
+        self.kinds = cache.backends.kinds  # every backend's, each parents first
         self.queue: WorkQueue[Key] | None = None  # exists while leading
-        self.workloads = OwnerIndex(cache.workloads)
-        self.pod_groups = OwnerIndex(cache.pod_groups)
         self._deleted: set[str] = set()  # uids deleted whose DELETED event has not come yet
         # Objects created whose ADDED event has not come yet: the next pass must not create
         # them again (client-go's "expectations").
-        self._created: dict[tuple[str, str, str], tuple[float, JsonObject]] = {}
+        self._created: dict[tuple[Kind, str, str], tuple[float, JsonObject]] = {}
         self._waiting: dict[tuple[str, str, str], set[Key]] = {}  # runtime -> TrainJobs
+        self.stood_down: set[Key] = set()  # TrainJobs another controller schedules
+        self.without_backend: dict[str, set[Key]] = {}  # backend -> TrainJobs its API would serve
         cache.trainjobs.subscribe(self._trainjob_changed)
-        cache.workloads.subscribe(self._owned_changed)
-        cache.pod_groups.subscribe(self._owned_changed)
+        for kind, store in cache.gang_stores.items():
+            store.subscribe(functools.partial(self._owned_changed, kind))
         cache.cluster_runtimes.subscribe(self._runtime_changed)
         cache.training_runtimes.subscribe(self._runtime_changed)
 
@@ -121,10 +127,8 @@ class Reconciler:
                 self.queue.add(key)
 
     def _caches_synced(self) -> bool:
-        scheduling = self.cache.gang_api != "served" or all(
-            s.synced for s in self.cache.scheduling_stores
-        )
-        return self.cache.synced and scheduling
+        served = [b for b in self.backends.backends if self.cache.api(b) == "served"]
+        return self.cache.synced and all(self.cache.backend_ready(b) for b in served)
 
     async def _resync_periodically(self) -> None:
         while True:
@@ -155,6 +159,7 @@ class Reconciler:
                 continue
             queue.done(key)
             queue.forget(key)
+            self._publish()
             if result.requeue_after is not None:
                 queue.add_after(key, result.requeue_after)
                 self._count("requeue_after", started)
@@ -169,17 +174,18 @@ class Reconciler:
     async def reconcile(self, key: Key) -> Result:
         namespace, name = key
         entry = self.cache.trainjobs.get(namespace, name)
-        if entry is None or self.cache.gang_api != "served":
-            return DONE  # deleted (garbage collection removes what it owned), or no gang API
-        if not all(store.synced for store in self.cache.scheduling_stores):
-            # Just served (discovery): until the Workload/PodGroup watches have listed, the
-            # cache cannot tell what exists, and every create would be a guess.
-            return Result(self.settings.wait_retry)
+        if entry is None:
+            self._forget(key)
+            return DONE  # deleted: garbage collection removes what it owned
         raw = entry.raw
         trainjob, _ = parse(TrainJob, raw)
         if trainjob is None or not trainjob.metadata.uid:
             log.warning("TrainJob does not parse", extra={"fields": {"trainjob": "/".join(key)}})
             return DONE
+        if not self._known_everywhere():
+            # An API just served (discovery): until its watches have listed, the cache cannot
+            # tell what exists, and every create (or removal) would be a guess.
+            return Result(self.settings.wait_retry)
         frozen = snapshot_of(raw)
         runtime = self.cache.snapshot_runtime(frozen) if frozen is not None else None
         no_gang = no_gang_reason(trainjob)
@@ -201,7 +207,65 @@ class Reconciler:
         if plan is None or no_gang is not None:
             why = no_gang or "the runtime has no spec.scheduling"
             return await self._remove_all(raw, why, recreate=False)
-        return await self._converge(raw, plan)
+        backend = self._backend(key, raw, plan)
+        if backend is None:
+            if self.backends.for_plan(plan) is None:
+                return await self._remove_all(raw, "no gang backend serves its scheduler", False)
+            return DONE  # its API is not served: discovery resyncs every TrainJob once it is
+        foreign = self.cache.foreign(backend, plan.trainjob_uid)
+        self._track(self.stood_down, key, foreign is not None)
+        if foreign is not None:
+            kind, obj = foreign
+            note = (
+                f"{kind.kind} {_meta(obj).get('name')!r} for this TrainJob was made by another "
+                "controller: this service stands down (it creates nothing and ties no pod)"
+            )
+            self.events.record(raw, "Warning", "StandingDown", "Reconcile", note)
+            return DONE
+        return await self._converge(raw, plan, backend)
+
+    def _backend(self, key: Key, raw: JsonObject, plan: Plan) -> GangBackend | None:
+        """The backend whose objects the plan needs, if it can have them now (else an Event
+        says why, once, and the TrainJob is counted as waiting for that backend's API)."""
+        backend = self.backends.for_plan(plan)
+        if backend is None:
+            note = (
+                f"its pods name the scheduler {plan.scheduler_name!r}, which no gang backend "
+                "here serves (see the --*-schedulers flags): it gets no gang"
+            )
+            self.events.record(raw, "Warning", "NoGangBackend", "Reconcile", note)
+            return None
+        waiting = self.without_backend.setdefault(backend.name, set())
+        self._track(waiting, key, self.cache.api(backend) != "served")
+        if key in waiting:
+            version = backend.kinds[0].group_version
+            note = (
+                f"its pods name the scheduler {plan.scheduler_name!r}, whose API ({version}) "
+                f"the cluster does not serve: no {backend.name} gang until it does"
+            )
+            self.events.record(raw, "Warning", "GangBackendUnavailable", "Reconcile", note)
+            return None
+        return backend
+
+    def _known_everywhere(self) -> bool:
+        """Every served backend's objects have been listed."""
+        return all(
+            self.cache.backend_ready(b)
+            for b in self.backends.backends
+            if self.cache.api(b) == "served"
+        )
+
+    @staticmethod
+    def _track(keys: set[Key], key: Key, present: bool) -> None:
+        if present:
+            keys.add(key)
+        else:
+            keys.discard(key)
+
+    def _forget(self, key: Key) -> None:
+        self.stood_down.discard(key)
+        for keys in self.without_backend.values():
+            keys.discard(key)
 
     async def _take_snapshot(
         self, key: Key, raw: JsonObject, trainjob: TrainJob
@@ -219,6 +283,12 @@ class Reconciler:
                 note = f"{kind} {ref!r} is invalid: {checked.verdict.errors[0]}"
                 self.events.record(raw, "Warning", "InvalidRuntime", "Reconcile", note)
             return DONE  # no spec.scheduling: not ours
+        try:
+            plan = build_plan(trainjob, checked)
+        except PlanningError:
+            plan = None  # said after the snapshot, from the frozen runtime
+        if plan is not None and self._backend(key, raw, plan) is None:
+            return DONE  # a TrainJob this service cannot gang now: leave it untouched
         assert trainjob.metadata.uid is not None
         namespace, name = key
         try:
@@ -235,49 +305,44 @@ class Reconciler:
         )
         return checked
 
-    async def _converge(self, trainjob: JsonObject, plan: Plan) -> Result:
+    async def _converge(self, trainjob: JsonObject, plan: Plan, backend: GangBackend) -> Result:
+        """Creates what is missing (parents first), repairs drift, and removes what this
+        TrainJob no longer needs, of any backend (children first)."""
         uid = plan.trainjob_uid
-        desired = workload(plan)
-        actual = self._stored("Workload", plan.namespace, plan.workload_name)
-        if actual is None:
-            actual = await self._create(trainjob, desired)
-            if actual is None:
-                return Result(self.settings.wait_retry)
-        else:
-            wait = self._check_ours(trainjob, "Workload", actual, uid)
-            if wait is not None:
-                return wait
-            drift = workload_drift(desired, actual)
-            outcome = await self._apply_drift(trainjob, "Workload", actual, drift)
-            if outcome is not None:
-                return outcome
-        parent_uid = _meta(actual).get("uid")
-        for group in plan.groups:
-            desired = pod_group(plan, group, parent_uid)
-            stored = self._stored("PodGroup", plan.namespace, group.pod_group_name)
-            if stored is None:
-                if await self._create(trainjob, desired) is None:
-                    return Result(self.settings.wait_retry)
-                continue
-            wait = self._check_ours(trainjob, "PodGroup", stored, uid)
-            if wait is not None:
-                return wait
-            outcome = await self._apply_drift(
-                trainjob, "PodGroup", stored, pod_group_drift(desired, stored)
-            )
-            if outcome is not None:
-                return outcome
-        wanted = {g.pod_group_name for g in plan.groups}
-        for stale in self.pod_groups.owned_by(uid):
-            if _meta(stale).get("name") not in wanted:
-                await self._delete(trainjob, "PodGroup", stale, "no longer in the plan")
-        for stale in self.workloads.owned_by(uid):
-            if _meta(stale).get("name") != plan.workload_name:
-                await self._delete(trainjob, "Workload", stale, "no longer in the plan")
+        context = Context.of(trainjob)
+        stored_uids: dict[tuple[str, str], str] = {}
+        wanted: set[tuple[Kind, str]] = set()
+        for kind in backend.kinds:
+            # Rendered again per kind: children point at the parents stored just before.
+            for desired in backend.render(plan, context, stored_uids):
+                if desired.get("kind") != kind.kind:
+                    continue
+                name = desired["metadata"]["name"]
+                wanted.add((kind, name))
+                stored = self._stored(kind, plan.namespace, name)
+                if stored is None:
+                    stored = await self._create(trainjob, kind, desired)
+                    if stored is None:
+                        return Result(self.settings.wait_retry)
+                else:
+                    wait = self._check_ours(trainjob, kind, stored, uid)
+                    if wait is not None:
+                        return wait
+                    drift = backend.drift(desired, stored)
+                    outcome = await self._apply_drift(trainjob, kind, stored, drift)
+                    if outcome is not None:
+                        return outcome
+                stored_uid = _meta(stored).get("uid")
+                if isinstance(stored_uid, str):
+                    stored_uids[(kind.kind, name)] = stored_uid
+        for kind in reversed(self.kinds):
+            for stale in self.cache.owned(kind, uid):
+                if is_managed(stale) and (kind, _meta(stale).get("name")) not in wanted:
+                    await self._delete(trainjob, kind, stale, "no longer in the plan")
         return DONE
 
     def _check_ours(
-        self, trainjob: JsonObject, kind: str, stored: JsonObject, uid: str | None
+        self, trainjob: JsonObject, kind: Kind, stored: JsonObject, uid: str | None
     ) -> Result | None:
         """None when `stored` is ours and settled; else when to look again."""
         meta = _meta(stored)
@@ -290,10 +355,10 @@ class Reconciler:
         ):
             # Left by an earlier TrainJob of the same name: the garbage collector removes it.
             return Result(self.settings.wait_retry)
-        if not controlled_by(stored, uid):
+        if not controlled_by(stored, uid) or not is_managed(stored):
             note = (
-                f"{kind} {meta.get('name')!r} exists and is not controlled by this TrainJob; "
-                "leaving it alone (delete it to let this TrainJob have its gang)"
+                f"{kind.kind} {meta.get('name')!r} exists and was not made by this service for "
+                "this TrainJob; leaving it alone (delete it to let this TrainJob have its gang)"
             )
             self.events.record(trainjob, "Warning", "Conflict", "Reconcile", note)
             return Result(self.settings.conflict_retry)
@@ -302,16 +367,16 @@ class Reconciler:
         return None
 
     async def _apply_drift(
-        self, trainjob: JsonObject, kind: str, stored: JsonObject, drift: Drift
+        self, trainjob: JsonObject, kind: Kind, stored: JsonObject, drift: Drift
     ) -> Result | None:
         meta = _meta(stored)
         if drift.dropped:
             note = (
-                f"the API server dropped {', '.join(drift.dropped)} from {kind} "
+                f"the API server dropped {', '.join(drift.dropped)} from {kind.kind} "
                 f"{meta.get('name')!r}: enable the feature gate; not recreating it"
             )
             self.events.record(trainjob, "Warning", "FeatureGateOff", "Reconcile", note)
-        if drift.kind == "min-count":
+        if drift.kind == "patch":
             try:
                 await self.writer.json_patch(
                     kind, meta["namespace"], meta["name"], list(drift.patch)
@@ -320,42 +385,42 @@ class Reconciler:
                 if err.status in (404, 409, 422):  # changed or gone meanwhile: look again
                     return Result(self.settings.wait_retry)
                 raise
-            note = f"{kind} {meta['name']!r}: gang.minCount updated in place"
+            note = f"{kind.kind} {meta['name']!r} updated in place: {drift.reason}"
             self.events.record(trainjob, "Normal", "Updated", "Update", note)
         elif drift.kind == "recreate":
-            why = f"{kind} drifted: {drift.reason}"
+            why = f"{kind.kind} drifted: {drift.reason}"
             return await self._remove_all(trainjob, why, recreate=True)
         return None
 
-    async def _remove_all(self, trainjob: JsonObject, why: str, *, recreate: bool) -> Result:
-        """PodGroups first, then the Workload (rule 8(e)); only objects this TrainJob controls.
-        With `recreate`, look again once they are gone."""
+    async def _remove_all(self, trainjob: JsonObject, why: str, recreate: bool) -> Result:
+        """Children first, then parents (rule 8(e)), of every backend; only objects this
+        service made for this TrainJob. With `recreate`, look again once they are gone."""
         uid = _meta(trainjob).get("uid")
         removed = False
-        for kind, index in (("PodGroup", self.pod_groups), ("Workload", self.workloads)):
-            for obj in index.owned_by(uid if isinstance(uid, str) else None):
-                if _meta(obj).get("uid") not in self._deleted:
+        for kind in reversed(self.kinds):
+            for obj in self.cache.owned(kind, uid if isinstance(uid, str) else None):
+                if is_managed(obj) and _meta(obj).get("uid") not in self._deleted:
                     await self._delete(trainjob, kind, obj, why)
                     removed = True
         return Result(self.settings.wait_retry) if removed and recreate else DONE
 
-    async def _create(self, trainjob: JsonObject, obj: JsonObject) -> JsonObject | None:
+    async def _create(self, trainjob: JsonObject, kind: Kind, obj: JsonObject) -> JsonObject | None:
         """Creates `obj`; None when its name is taken (the cache will tell by whom)."""
         try:
-            created: JsonObject = await self.writer.create(obj)
+            created: JsonObject = await self.writer.create(kind, obj)
         except ApiException as err:
             if err.status == 409:  # AlreadyExists: the cache has not seen it yet, or a foreign one
                 return None
             raise
         meta = obj["metadata"]
-        if self._stored(obj["kind"], meta["namespace"], meta["name"]) is None:
+        if self._stored(kind, meta["namespace"], meta["name"]) is None:
             # Until the watch brings it (if it already has, there is nothing to remember).
-            self._created[(obj["kind"], meta["namespace"], meta["name"])] = (self.clock(), created)
-        note = f"created {obj['kind']} {meta['name']!r}"
+            self._created[(kind, meta["namespace"], meta["name"])] = (self.clock(), created)
+        note = f"created {kind.kind} {meta['name']!r}"
         self.events.record(trainjob, "Normal", "Created", "Create", note)
         return created
 
-    async def _delete(self, trainjob: JsonObject, kind: str, obj: JsonObject, why: str) -> None:
+    async def _delete(self, trainjob: JsonObject, kind: Kind, obj: JsonObject, why: str) -> None:
         meta = _meta(obj)
         uid = meta.get("uid")
         try:
@@ -366,12 +431,11 @@ class Reconciler:
             return  # its DELETED event has come or will: nothing to wait for
         if isinstance(uid, str):
             self._deleted.add(uid)
-        note = f"deleted {kind} {meta['name']!r}: {why}"
+        note = f"deleted {kind.kind} {meta['name']!r}: {why}"
         self.events.record(trainjob, "Normal", "Deleted", "Delete", note)
 
-    def _stored(self, kind: str, namespace: str, name: str) -> JsonObject | None:
-        store = self.cache.workloads if kind == "Workload" else self.cache.pod_groups
-        entry = store.get(namespace, name)
+    def _stored(self, kind: Kind, namespace: str, name: str) -> JsonObject | None:
+        entry = self.cache.store(kind).get(namespace, name)
         if entry is not None:
             return entry.raw
         created = self._created.get((kind, namespace, name))
@@ -384,7 +448,7 @@ class Reconciler:
         return created[1]
 
     def _owned(self, uid: str) -> bool:
-        return bool(self.workloads.owned_by(uid) or self.pod_groups.owned_by(uid))
+        return any(self.cache.owned(kind, uid) for kind in self.kinds)
 
     # --- what puts keys on the queue -----------------------------------------------------------
 
@@ -396,13 +460,11 @@ class Reconciler:
             self.queue.add(key)
 
     def _owned_changed(
-        self, event: EventType, old: JsonObject | None, new: JsonObject | None
+        self, kind: Kind, event: EventType, old: JsonObject | None, new: JsonObject | None
     ) -> None:
         obj = new or old or {}
         meta = _meta(obj)
-        self._created.pop(
-            (obj.get("kind", ""), meta.get("namespace", ""), meta.get("name", "")), None
-        )
+        self._created.pop((kind, meta.get("namespace", ""), meta.get("name", "")), None)
         ours = False
         if event == "DELETED":
             uid = meta.get("uid", "")
@@ -411,7 +473,7 @@ class Reconciler:
         owner = controller_ref(obj)
         if owner is None or not is_trainjob_ref(owner) or self.queue is None:
             return
-        namespace, name = _meta(obj).get("namespace"), owner.get("name")
+        namespace, name = meta.get("namespace"), owner.get("name")
         if not isinstance(namespace, str) or not isinstance(name, str):
             return
         if event == "DELETED" and not ours:
@@ -448,6 +510,17 @@ class Reconciler:
             longest_running=m.workqueue_longest_running.labels(**labels),
             retries=m.workqueue_retries.labels(**labels),
         )
+
+    def _publish(self) -> None:
+        """The TrainJobs without a gang for a reason outside this service, as gauges."""
+        m = self.metrics
+        if m is None:
+            return
+        m.trainjobs_stood_down.set(len(self.stood_down))
+        for name in self.backends.names:
+            m.trainjobs_without_backend.labels(backend=name).set(
+                len(self.without_backend.get(name, ()))
+            )
 
     def _count(self, result: str, started: float) -> None:
         m = self.metrics

@@ -23,9 +23,11 @@ from typing import Any
 
 from kubernetes.aio.client import ApiClient
 
+from ..backends.base import GangBackend
+from ..backends.registry import default_backends
 from ..kube.cache import Cache, GangApi, Store
-from ..kube.client import connect, informers, scheduling_informers
-from ..kube.discovery import GangApiWatch
+from ..kube.client import backend_informers, connect, informers
+from ..kube.discovery import BackendApiWatch
 from ..kube.events import EventRecorder
 from ..kube.leader import LeaderElector, LeaseSettings
 from ..kube.writer import ApiWriter, WriterSettings
@@ -79,6 +81,8 @@ class Settings:
     limits: Limits = field(default_factory=Limits)
     reconcile: ReconcileSettings = field(default_factory=ReconcileSettings)
     certs: CertSettings = field(default_factory=CertSettings)  # files (cert_dir) or self-managed
+    schedulers: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: {})
+    """Scheduler names per gang backend; a backend not named keeps its defaults."""
 
 
 def _server(app: Any, settings: Settings, port: int, **extra: Any) -> QuietServer:
@@ -250,19 +254,24 @@ def background(
         )
         jobs.append(events.run())
 
-    def gang_api_changed(state: GangApi) -> None:
-        metrics.gang_api_available.set(1 if state == "served" else 0)
+    def api_changed(backend: GangBackend, state: GangApi) -> None:
+        served = 1 if state == "served" else 0
+        metrics.backend_api_available.labels(backend=backend.name).set(served)
+        if backend.name == "native":
+            metrics.gang_api_available.set(served)
         if state == "served" and reconciler is not None:
             reconciler.resync()
 
     metrics.gang_api_available.set(0)
+    for backend in cache.backends.backends:
+        metrics.backend_api_available.labels(backend=backend.name).set(0)
     jobs.append(
-        GangApiWatch(
+        BackendApiWatch(
             api,
             cache,
-            lambda: scheduling_informers(api, cache, r.namespaces, restarted),
+            lambda backend: backend_informers(api, cache, backend, r.namespaces, restarted),
             period=r.discovery_period,
-            on_change=gang_api_changed,
+            on_change=api_changed,
         ).run()
     )
     if reconciler is None:
@@ -299,6 +308,10 @@ async def serve(settings: Settings) -> None:
     lease = lease_settings(settings, me) if r.enabled and r.leader_elect else None
     metrics = Metrics()
     try:
+        backends = default_backends(settings.schedulers)
+    except ValueError as err:
+        raise StartupError(f"gang backends: {err}") from None
+    try:
         api = await connect(settings.kubeconfig)
     except Exception as err:  # the client's loaders raise anything from ConfigException to OSError
         raise StartupError(f"cannot load the cluster configuration: {err}") from None
@@ -310,8 +323,8 @@ async def serve(settings: Settings) -> None:
             await close()
         raise
     tls = certs.tls
-    cache = Cache(connected=api is not None)
-    GangTracker(metrics, cache.pod_groups)
+    cache = Cache(connected=api is not None, backends=backends)
+    GangTracker(metrics, cache)
     authorizer: Checker | None = None
     if settings.metrics_auth is not None:
         if api is None:

@@ -1,7 +1,8 @@
-"""Workloads and PodGroups by the TrainJob that controls them, kept current from a cache store.
+"""A gang backend's objects by the TrainJob that controls them, kept current from a store.
 
-The reconciler asks "which of these does TrainJob <uid> control?" on every pass; scanning the
-store would make a pass cost O(objects in the cluster).
+The reconciler asks "which of these does TrainJob <uid> control?" on every pass, and the pod
+webhook whether another controller made any of them; scanning the store would make each cost
+O(objects in the cluster).
 """
 
 from __future__ import annotations
@@ -9,8 +10,8 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from ..core.defaults import controller_uid
-from ..kube.cache import EventType, Key, Store, key_of
+from ..core.ownership import controller_uid
+from .store import EventType, Key, Store, key_of
 
 
 class OwnerIndex:
