@@ -66,7 +66,7 @@ import random
 import string
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,6 +90,7 @@ POD_GROUPS = kmock.resource("scheduling.k8s.io", "v1beta1", "podgroups")
 LEASES = kmock.resource("coordination.k8s.io", "v1", "leases")
 EVENTS = kmock.resource("events.k8s.io", "v1", "events")
 SECRETS = kmock.resource("", "v1", "secrets")
+PRIORITY_CLASSES = kmock.resource("scheduling.k8s.io", "v1", "priorityclasses")
 MUTATING_CONFIGS = kmock.resource(
     "admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations"
 )
@@ -121,6 +122,7 @@ _SERVICE_KINDS = {  # what the service writes
     LEASES: ("Lease", True),
     EVENTS: ("Event", True),
     SECRETS: ("Secret", True),
+    PRIORITY_CLASSES: ("PriorityClass", False),
     MUTATING_CONFIGS: ("MutatingWebhookConfiguration", False),
     VALIDATING_CONFIGS: ("ValidatingWebhookConfiguration", False),
 }
@@ -141,6 +143,20 @@ def declare_trainer_resources(emulator: KubernetesEmulator) -> None:
 def declare_scheduling_resources(emulator: KubernetesEmulator) -> None:
     """scheduling.k8s.io/v1beta1 Workloads and PodGroups (discovery lists them once declared)."""
     _declare(emulator, _SCHEDULING_KINDS)
+
+
+def declare_backend_resources(emulator: KubernetesEmulator, names: Iterable[str]) -> None:
+    """The kinds of the named gang backends (`coscheduling`, `volcano`, `kai`): their CRDs,
+    installed (discovery lists them once declared)."""
+    from webhook.backends.registry import all_backends
+
+    kinds = {
+        kmock.resource(kind.group, kind.version, kind.plural): (kind.kind, True)
+        for backend in all_backends()
+        if backend.name in names
+        for kind in backend.kinds
+    }
+    _declare(emulator, kinds)
 
 
 def declare_service_resources(emulator: KubernetesEmulator) -> None:
@@ -738,14 +754,18 @@ def next_requests(view: kmock.View, count: int = 1) -> kmock.View:
 
 
 @contextlib.asynccontextmanager
-async def emulator(*, scheduling: bool = True) -> AsyncIterator[tuple[VersionedEmulator, str]]:
-    """A `VersionedEmulator` and its URL, serving Kubeflow Trainer's resources, Leases, Events
-    and, unless `scheduling=False`, scheduling.k8s.io/v1beta1 Workloads and PodGroups."""
+async def emulator(
+    *, scheduling: bool = True, backends: Iterable[str] = ()
+) -> AsyncIterator[tuple[VersionedEmulator, str]]:
+    """A `VersionedEmulator` and its URL, serving Kubeflow Trainer's resources, Leases, Events,
+    unless `scheduling=False` scheduling.k8s.io/v1beta1 Workloads and PodGroups, and the kinds
+    of the other gang `backends` named (their CRDs installed)."""
     async with VersionedEmulator() as k, Server(k) as server:
         declare_trainer_resources(k)
         declare_service_resources(k)
         if scheduling:
             declare_scheduling_resources(k)
+        declare_backend_resources(k, backends)
         yield k, str(server.url).rstrip("/")
 
 

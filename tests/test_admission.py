@@ -247,7 +247,7 @@ def test_without_a_cluster_pods_pass_with_a_warning_and_trainjobs_are_denied(
         assert response["allowed"] is True
         assert patch_of(response) is None
         assert response["warnings"] == [
-            'schedulingGroup not set: no TrainJob "team-a/my-job" in the cache'
+            'not tied to a gang: no TrainJob "team-a/my-job" in the cache'
         ]
         response = send(c, "/validate-trainer-kubeflow-org-v1alpha1-trainjob", trainjob_review())
         assert response["allowed"] is False

@@ -11,15 +11,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from webhook.admission.handlers import mutate_pod_review, pod_group_op
+from webhook.admission.handlers import mutate_pod_review
 from webhook.admission.review import Review
-from webhook.core.defaults import (
-    controlling_trainjob,
-    match_group,
-    with_default_policies,
-    with_pod_group_min_count,
-    with_workload_min_counts,
-)
+from webhook.backends.native import POD_GROUP, WORKLOAD, match_group, with_min_counts
+from webhook.backends.native import scheduling_group_op as pod_group_op
+from webhook.core.defaults import with_default_policies
+from webhook.core.ownership import controlling_trainjob
 from webhook.core.plan import Plan, build_plan
 from webhook.kube.cache import Cache
 
@@ -240,14 +237,14 @@ def test_workload_templates_lacking_min_count_get_the_plan_value() -> None:
         {"name": "other", "schedulingPolicy": {"gang": {"minCount": 3}}},
         {"name": "b", "schedulingPolicy": {"basic": {}}},
     ]}}  # fmt: skip
-    out, warnings = with_workload_min_counts(workload, plan)
+    out, warnings = with_min_counts(WORKLOAD, workload, plan)
     assert [t["schedulingPolicy"] for t in out["spec"]["podGroupTemplates"]] == [
         {"gang": {"minCount": 6}},
         {"gang": {"minCount": 3}},  # set by its author: kept
         {"basic": {}},
     ]
     assert warnings == []
-    assert with_workload_min_counts(out, plan) == (out, [])
+    assert with_min_counts(WORKLOAD, out, plan) == (out, [])
 
 
 def test_pod_group_lacking_min_count() -> None:
@@ -255,12 +252,12 @@ def test_pod_group_lacking_min_count() -> None:
     node = next(g for g in plan.groups if "node" in g.replicated_jobs)
     pod_group = {"metadata": {"name": node.pod_group_name},
                  "spec": {"schedulingPolicy": {"gang": {}}}}  # fmt: skip
-    out, warnings = with_pod_group_min_count(pod_group, plan)
+    out, warnings = with_min_counts(POD_GROUP, pod_group, plan)
     assert out["spec"]["schedulingPolicy"] == {"gang": {"minCount": 6}}
     assert warnings == []
     by_template = {"metadata": {"name": "x"},
                    "spec": {"workloadRef": {"templateName": node.template_name},
                             "schedulingPolicy": {"gang": {"minCount": 0}}}}  # fmt: skip
-    assert with_pod_group_min_count(by_template, plan)[0]["spec"]["schedulingPolicy"] == {
+    assert with_min_counts(POD_GROUP, by_template, plan)[0]["spec"]["schedulingPolicy"] == {
         "gang": {"minCount": 6}
     }

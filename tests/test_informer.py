@@ -28,6 +28,7 @@ from tests.harness import ServerProcess, fixture, make_certs, server_process, we
 from tests.kube_emulator import (
     CLUSTER_RUNTIMES,
     LIST,
+    PRIORITY_CLASSES,
     TRAINING_RUNTIMES,
     TRAINJOBS,
     WATCH,
@@ -404,6 +405,8 @@ async def test_served_pod_reviews_read_the_watched_cache_and_never_the_api(tmp_p
         await eventually_async(lambda: readyz(client, proc), 200, "/readyz 200 (caches synced)")
         for res in (TRAINJOBS, TRAINING_RUNTIMES, CLUSTER_RUNTIMES):
             assert len(k[LIST, res]) == 1, res
+        # PriorityClasses are not needed for readiness: their first list may come later.
+        await eventually(lambda: len(k[LIST, PRIORITY_CLASSES]) == 1, "PriorityClasses listed")
 
         await create(k, CLUSTER_RUNTIMES, cluster_runtime())
         await create(k, TRAINJOBS, trainjob())

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from webhook.backends.base import MANAGED_BY, MANAGED_BY_LABEL
-from webhook.kube.cache import Store
+from webhook.backends.native import POD_GROUP
+from webhook.kube.cache import Cache
 from webhook.metrics.gangs import GangTracker, gang_state
 from webhook.metrics.registry import Metrics
 
@@ -61,24 +62,25 @@ def waiting(reason: str) -> tuple[str, str | None, str]:
 class Gangs:
     def __init__(self) -> None:
         self.metrics = Metrics()
-        self.store = Store("podgroups")
+        self.cache = Cache(connected=True)
+        self.store = self.cache.store(POD_GROUP)
         self.now = T0 + 600
-        self.tracker = GangTracker(self.metrics, self.store, clock=lambda: self.now)
+        self.tracker = GangTracker(self.metrics, self.cache, clock=lambda: self.now)
 
     def count(self, policy: str, state: str, reason: str) -> float | None:
-        labels = {"policy": policy, "state": state, "reason": reason}
+        labels = {"backend": "native", "policy": policy, "state": state, "reason": reason}
         return self.metrics.registry.get_sample_value("trainjob_scheduling_gangs", labels)
 
     def oldest(self, policy: str, reason: str) -> float | None:
         return self.metrics.registry.get_sample_value(
             "trainjob_scheduling_gangs_waiting_oldest_seconds",
-            {"policy": policy, "reason": reason},
+            {"backend": "native", "policy": policy, "reason": reason},
         )
 
     def observed(self, policy: str, waited_on: str, what: str = "count") -> float:
         value = self.metrics.registry.get_sample_value(
             f"trainjob_scheduling_gang_time_to_scheduled_seconds_{what}",
-            {"policy": policy, "waited_on": waited_on},
+            {"backend": "native", "policy": policy, "waited_on": waited_on},
         )
         return value or 0.0
 

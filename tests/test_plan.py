@@ -11,6 +11,7 @@ import yaml
 from tests.apiserver_rules import objects_errors
 from tests.builders import parsed, rj, runtime, torch_node, trainjob
 from tests.paths import FIXTURES, SAMPLES
+from webhook.backends.base import Context
 from webhook.backends.native import NativeBackend
 from webhook.core.layout import GroupKind
 from webhook.core.plan import Plan, PlanningError, build_plan, pod_group_for_labels
@@ -288,7 +289,8 @@ def test_reference_complete_example_renders_exactly() -> None:
         }
     )
     plan = plan_of(rt, trainjob(num_nodes=8, uid="tj-uid"))
-    workload, init_pg, node_pg = NativeBackend().render(plan, parent_uid="wl-uid")
+    uids = {("Workload", plan.workload_name): "wl-uid"}
+    workload, init_pg, node_pg = NativeBackend().render(plan, Context(), uids)
     owner = {
         "apiVersion": "trainer.kubeflow.org/v1alpha1",
         "kind": "TrainJob",
@@ -362,7 +364,7 @@ def test_reference_complete_example_renders_exactly() -> None:
 
 def test_single_disruption_mode_renders_as_single() -> None:
     rt = runtime(torch_node(), scheduling={"disruptionMode": {"single": {}}})
-    objects = NativeBackend().render(plan_of(rt, trainjob(num_nodes=2)))
+    objects = NativeBackend().render(plan_of(rt, trainjob(num_nodes=2)), Context())
     assert objects[0]["spec"]["podGroupTemplates"][0]["disruptionMode"] == {"single": {}}
     assert objects[1]["spec"]["disruptionMode"] == {"single": {}}
 
@@ -378,7 +380,7 @@ def test_all_group_fields_render_and_validate() -> None:
         ],
     }
     rt = runtime(torch_node(priority_class="high"), scheduling=settings)
-    objects = NativeBackend().render(plan_of(rt, trainjob(num_nodes=2)))
+    objects = NativeBackend().render(plan_of(rt, trainjob(num_nodes=2)), Context())
     template = objects[0]["spec"]["podGroupTemplates"][0]
     assert template["disruptionMode"] == {"all": {}}
     assert template["resourceClaims"] == settings["resourceClaims"]
@@ -396,7 +398,9 @@ def test_all_group_fields_render_and_validate() -> None:
     ],
 )
 def test_samples_render_objects_the_api_accepts(trainjob_file: str, runtime_file: str) -> None:
-    objects = NativeBackend().render(plan_of(sample(runtime_file), sample(trainjob_file)))
+    objects = NativeBackend().render(
+        plan_of(sample(runtime_file), sample(trainjob_file)), Context()
+    )
     assert objects_errors(objects) == []
 
 
@@ -433,7 +437,7 @@ def test_captured_runtimes_plan(
     plan = build_plan(tj, rt)
     assert plan is not None
     assert [(g.policy, g.min_count, g.topology_key) for g in plan.groups] == expected
-    assert objects_errors(NativeBackend().render(plan)) == []
+    assert objects_errors(NativeBackend().render(plan, Context())) == []
 
 
 TRAINER_MODELS: dict[str, type[TrainJob] | type[Runtime]] = {

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from tests import reference
 from tests.apiserver_rules import dns_label, objects_errors
 from tests.builders import Json, rj
+from webhook.backends.base import Context
 from webhook.backends.native import NativeBackend
 from webhook.core.plan import Plan, PlanningError, build_plan, pod_group_for_labels
 from webhook.core.trainer import Runtime, TrainJob
@@ -268,7 +269,8 @@ def _check_plan(plan: Plan, raw_runtime: Json, raw_trainjob: Json) -> None:
             found = pod_group_for_labels(plan, labels)
             assert found == (holders[0].pod_group_name if holders else None)
     # The objects carry what the runtime asked for, and the API accepts them.
-    objects = NativeBackend().render(plan, parent_uid="00000000-0000-0000-0000-000000000002")
+    parent = {("Workload", plan.workload_name): "00000000-0000-0000-0000-000000000002"}
+    objects = NativeBackend().render(plan, Context(), parent)
     assert objects_errors(objects) == []
     for g, template in zip(plan.groups, objects[0]["spec"]["podGroupTemplates"], strict=True):
         want = reference.expected_template_fields(

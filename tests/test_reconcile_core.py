@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from tests.builders import rj, runtime, torch_node, trainjob
-from webhook.backends.native import pod_group, workload
-from webhook.core.drift import controlled_by, pod_group_drift, workload_drift
+from webhook.backends.native import pod_group, pod_group_drift, workload, workload_drift
 from webhook.core.fields import parse
+from webhook.core.ownership import controlled_by
 from webhook.core.plan import Plan, build_plan
 from webhook.core.snapshot import SNAPSHOT_ANNOTATION, from_annotations, snapshot
 from webhook.core.trainer import Runtime, TrainJob
@@ -79,7 +79,7 @@ def test_a_different_min_count_is_patched_in_place_with_uid_and_name_tests() -> 
     want = workload(plan_of(num_nodes=8))
     have = stored(workload(plan_of(num_nodes=5)))
     drift = workload_drift(want, have)
-    assert drift.kind == "min-count"
+    assert drift.kind == "patch"
     assert drift.patch[0] == {"op": "test", "path": "/metadata/uid", "value": "stored-uid"}
     name = want["spec"]["podGroupTemplates"][1]["name"]
     assert list(drift.patch[1:]) == [
@@ -91,7 +91,7 @@ def test_a_different_min_count_is_patched_in_place_with_uid_and_name_tests() -> 
     pg_drift = pod_group_drift(
         pod_group(plan8, plan8.groups[1]), stored(pod_group(plan5, plan5.groups[1]))
     )
-    assert pg_drift.kind == "min-count"
+    assert pg_drift.kind == "patch"
     assert pg_drift.patch[-1]["value"] == 8
 
 
@@ -151,7 +151,9 @@ def test_the_snapshot_plans_exactly_as_the_runtime_and_drops_what_planning_ignor
     rt, _ = parse(Runtime, raw)
     assert rt is not None
     text = snapshot(rt)
-    assert "last-applied" not in text and "containers" not in text and len(text) < 1500
+    # Of a container only what a gang's resources need: no image, command or environment.
+    assert "last-applied" not in text and "image" not in text and len(text) < 1500
+    assert '"containers":[{"name":"node"}]' in text
     frozen = from_annotations({SNAPSHOT_ANNOTATION: text})
     assert frozen is not None
     before, after = check_stored_runtime(rt), check_stored_runtime(frozen)

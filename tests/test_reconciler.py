@@ -41,9 +41,10 @@ from tests.kube_emulator import (
     status,
 )
 from tests.test_informer import serving
+from webhook.backends.native import NativeBackend
 from webhook.core.snapshot import SNAPSHOT_ANNOTATION
 from webhook.kube.cache import Cache
-from webhook.kube.client import informers, scheduling_informers
+from webhook.kube.client import backend_informers, informers
 from webhook.kube.events import EventRecorder
 from webhook.kube.leader import LeaderElector, LeaseSettings
 from webhook.kube.writer import ApiWriter, WriterSettings
@@ -95,11 +96,15 @@ class World:
         self.api = ApiClient(configuration=Configuration(host=self.url))
         self.api.user_agent = self.identity  # lets a reaction pick this replica's requests
         self.cache = Cache(connected=True)
-        self.cache.gang_api = "served"
+        self.cache.apis["native"] = "served"
         self.events = EventRecorder(self.api, CONTROLLER, self.identity, dedupe_for=0.0)
         writer = ApiWriter(self.api, WriterSettings(timeout=self.writer_timeout))
         self.reconciler = Reconciler(self.cache, writer, self.events, self.settings)
-        watches = [*informers(self.api, self.cache), *scheduling_informers(self.api, self.cache)]
+        native = NativeBackend()
+        watches = [
+            *informers(self.api, self.cache),
+            *backend_informers(self.api, self.cache, native),
+        ]
         self.tasks = [asyncio.create_task(i.run()) for i in watches]
         self.tasks.append(asyncio.create_task(self.events.run()))
         if reconcile and self.lease is not None:
@@ -617,9 +622,13 @@ async def test_without_the_scheduling_api_nothing_is_made_and_the_webhooks_stay_
         review = fixture("pod-create-by-job-controller.mutate.json")
         answer = (await client.post(webhook_path(review, "mutate"), json=review)).json()
         assert answer["response"]["allowed"] is True and "patch" not in answer["response"]
-        assert not tj_annotated(k)
-        for resource in (WORKLOADS, POD_GROUPS, EVENTS):
+        assert not tj_annotated(k)  # nothing written to a TrainJob it cannot gang
+        for resource in (WORKLOADS, POD_GROUPS):
             assert len(k[CREATE, resource]) == 0, resource
+        # One Event says why the TrainJob has no gang (and no more on later passes).
+        (event,) = objects(k, EVENTS)
+        assert event["reason"] == "GangBackendUnavailable", event
+        assert "scheduling.k8s.io/v1beta1" in event["note"], event
 
 
 def tj_annotated(k: VersionedEmulator) -> bool:

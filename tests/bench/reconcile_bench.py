@@ -378,8 +378,10 @@ async def _reconcile(cfg: Json) -> Json:
     from kubernetes.aio.client import ApiClient, Configuration, CustomObjectsApi
     from kubernetes.aio.client.exceptions import ApiException
 
+    from webhook.backends.base import Kind
+    from webhook.backends.native import POD_GROUP, WORKLOAD, NativeBackend
     from webhook.kube.cache import Cache, Key
-    from webhook.kube.client import informers, scheduling_informers
+    from webhook.kube.client import backend_informers, informers
     from webhook.kube.events import EventRecorder
     from webhook.kube.writer import ApiWriter, WriterSettings
     from webhook.metrics.gangs import GangTracker
@@ -404,16 +406,16 @@ async def _reconcile(cfg: Json) -> Json:
             self.counts[what] += 1
             return result
 
-        async def create(self, obj: Json) -> Json:
-            created: Json = await self._counted(f"create {obj['kind']}", super().create(obj))
+        async def create(self, r: Kind, obj: Json) -> Json:
+            created: Json = await self._counted(f"create {r.kind}", super().create(r, obj))
             return created
 
-        async def delete(self, kind: str, namespace: str, name: str, uid: str | None) -> None:
-            await self._counted(f"delete {kind}", super().delete(kind, namespace, name, uid))
+        async def delete(self, r: Kind, namespace: str, name: str, uid: str | None) -> None:
+            await self._counted(f"delete {r.kind}", super().delete(r, namespace, name, uid))
 
-        async def json_patch(self, kind: str, namespace: str, name: str, ops: list[Json]) -> Json:
-            call = super().json_patch(kind, namespace, name, ops)
-            patched: Json = await self._counted(f"patch {kind}", call)
+        async def json_patch(self, r: Kind, namespace: str, name: str, ops: list[Json]) -> Json:
+            call = super().json_patch(r, namespace, name, ops)
+            patched: Json = await self._counted(f"patch {r.kind}", call)
             return patched
 
         async def snapshot_runtime(self, namespace: str, name: str, uid: str, value: str) -> None:
@@ -458,9 +460,10 @@ async def _reconcile(cfg: Json) -> Json:
         configuration.client_session_kwargs = {"trust_env": False}
     api = ApiClient(configuration=configuration)
     cache = Cache(connected=True)
-    cache.gang_api = "served"  # what discovery says once scheduling.k8s.io/v1beta1 is served
+    cache.apis["native"] = "served"  # what discovery says once scheduling.k8s.io/v1beta1 is
+    workloads, pod_groups = cache.store(WORKLOAD), cache.store(POD_GROUP)
     metrics = Metrics()
-    tracker = GangTracker(metrics, cache.pod_groups)
+    tracker = GangTracker(metrics, cache)
     recorded: collections.Counter[str] = collections.Counter()
     events = EventRecorder(
         api, CONTROLLER, "bench", on_event=lambda reason: recorded.update([reason])
@@ -508,11 +511,11 @@ async def _reconcile(cfg: Json) -> Json:
     converged = asyncio.Event()
 
     def stored(event: Any, old: Any, new: Any) -> None:
-        if len(cache.workloads) >= n and len(cache.pod_groups) >= n:
+        if len(workloads) >= n and len(pod_groups) >= n:
             converged.set()
 
-    cache.workloads.subscribe(stored)
-    cache.pod_groups.subscribe(stored)
+    workloads.subscribe(stored)
+    pod_groups.subscribe(stored)
 
     rss_before = rss_kib()
     peak_before = peak_rss_kib()
@@ -521,7 +524,7 @@ async def _reconcile(cfg: Json) -> Json:
     cpu0, emu0, busy0 = own_cpu(), cpu_seconds(emulator_pid), busy_seconds(cores)
     profiling.start()
     start = time.perf_counter()
-    watches = [*informers(api, cache), *scheduling_informers(api, cache)]
+    watches = [*informers(api, cache), *backend_informers(api, cache, NativeBackend())]
     tasks = [asyncio.create_task(i.run()) for i in watches]
     tasks.append(asyncio.create_task(events.run()))
     tasks.append(asyncio.create_task(reconciler.run()))
@@ -569,9 +572,9 @@ async def _reconcile(cfg: Json) -> Json:
         queue: Any = reconciler.queue
         structures = {
             "TrainJob store": cache.trainjobs._entries,
-            "Workload store": cache.workloads._entries,
-            "PodGroup store": cache.pod_groups._entries,
-            "owner indexes": (reconciler.workloads._by_owner, reconciler.pod_groups._by_owner),
+            "Workload store": workloads._entries,
+            "PodGroup store": pod_groups._entries,
+            "owner indexes": tuple(index._by_owner for index in cache.owners.values()),
             "work queue": (queue._queue, queue._dirty, queue._processing, queue._added_at,
                            queue._failures, queue._timers),
             "Event dedupe": events._recent,
@@ -635,8 +638,8 @@ async def _reconcile(cfg: Json) -> Json:
         "expectations_left": expected,
         "json_bytes": {
             "TrainJob": json_bytes(cache.trainjobs),
-            "Workload": json_bytes(cache.workloads),
-            "PodGroup": json_bytes(cache.pod_groups),
+            "Workload": json_bytes(workloads),
+            "PodGroup": json_bytes(pod_groups),
         },
     }
 
