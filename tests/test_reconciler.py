@@ -41,7 +41,6 @@ from tests.kube_emulator import (
     status,
 )
 from tests.test_informer import serving
-from webhook.backends.native import NativeBackend
 from webhook.core.snapshot import SNAPSHOT_ANNOTATION
 from webhook.kube.cache import Cache
 from webhook.kube.client import backend_informers, informers
@@ -88,6 +87,7 @@ class World:
     writer_timeout: float = 10.0
     identity: str = "test-replica"
     lease: LeaseSettings | None = None  # set: reconcile only while holding this Lease
+    served: tuple[str, ...] = ("native",)  # the gang backends whose APIs discovery found
     cache: Cache = field(init=False)
     reconciler: Reconciler = field(init=False)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
@@ -96,15 +96,14 @@ class World:
         self.api = ApiClient(configuration=Configuration(host=self.url))
         self.api.user_agent = self.identity  # lets a reaction pick this replica's requests
         self.cache = Cache(connected=True)
-        self.cache.apis["native"] = "served"
+        watches = informers(self.api, self.cache)
+        for backend in self.cache.backends.backends:
+            if backend.name in self.served:
+                self.cache.apis[backend.name] = "served"
+                watches += backend_informers(self.api, self.cache, backend)
         self.events = EventRecorder(self.api, CONTROLLER, self.identity, dedupe_for=0.0)
         writer = ApiWriter(self.api, WriterSettings(timeout=self.writer_timeout))
         self.reconciler = Reconciler(self.cache, writer, self.events, self.settings)
-        native = NativeBackend()
-        watches = [
-            *informers(self.api, self.cache),
-            *backend_informers(self.api, self.cache, native),
-        ]
         self.tasks = [asyncio.create_task(i.run()) for i in watches]
         self.tasks.append(asyncio.create_task(self.events.run()))
         if reconcile and self.lease is not None:
@@ -124,7 +123,9 @@ class World:
 
 @contextlib.asynccontextmanager
 async def world(**kw: Any) -> AsyncIterator[World]:
-    async with emulator() as (k, url):
+    """The emulator (with the CRDs of the `served` backends other than native) and a World."""
+    others = [b for b in kw.get("served", ()) if b != "native"]
+    async with emulator(backends=others) as (k, url):
         w = await World(k, url, **kw).start()
         try:
             yield w
