@@ -16,15 +16,19 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import celpy
 import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from celpy.adapter import json_to_cel
 
 from tests import chart_crds
 from tests.chart import BASE, CHART, NAMESPACE, RELEASE, Json, Rendered, lint, render
 from tests.chart import render_error as refused
+from tests.harness import fixture, fixture_cache, fixture_names
 from tests.paths import SAMPLES, SHARED
+from webhook.admission.review import parse
 from webhook.admission.routes import WEBHOOKS
 from webhook.cli import _SERVE_OPTIONS, build_parser
 from webhook.kube.cache import Cache
@@ -435,6 +439,77 @@ def test_failure_policies_and_timeouts_are_values(default: Rendered) -> None:
         "values"
     ]
     assert set(values) == {"kube-system", "monitoring", NAMESPACE}
+
+
+def _match_conditions_hold(hook: Json, review: Json) -> bool:
+    """The webhook's matchConditions on a review, with a CEL interpreter (cel-python), as the
+    API server evaluates them: every one true, or the webhook is not called."""
+    env = celpy.Environment()
+    request = review["request"]
+    activation = {
+        "object": json_to_cel(request.get("object")),
+        "oldObject": json_to_cel(request.get("oldObject")),
+        "request": json_to_cel(request),
+    }
+    results = [
+        env.program(env.compile(c["expression"])).evaluate(activation)
+        for c in hook.get("matchConditions", [])
+    ]
+    assert all(isinstance(r, celpy.celtypes.BoolType) for r in results), results
+    return all(bool(r) for r in results)
+
+
+def _object_selected(hook: Json, review: Json) -> bool:
+    labels = ((review["request"].get("object") or {}).get("metadata") or {}).get("labels") or {}
+    expressions = (hook.get("objectSelector") or {}).get("matchExpressions", [])
+    assert all(e["operator"] == "Exists" for e in expressions)
+    return all(e["key"] in labels for e in expressions)
+
+
+def test_selectors_and_match_conditions_never_skip_a_review_the_service_changes(
+    default: Rendered,
+) -> None:
+    """Every captured review that the service answers with a patch reaches it through the
+    objectSelector and the matchConditions (CEL); the cheap skips do skip."""
+    hooks = _hooks(default)
+    cache = fixture_cache()
+    reached = skipped = 0
+    for name in fixture_names():
+        doc = fixture(name)
+        review = parse(json.dumps(doc).encode())
+        verb = name.rsplit(".", 2)[1]
+        served = [w for w in WEBHOOKS if w.verb == verb and w.judge(review) is None]
+        if not served:
+            continue  # e.g. a pod's validation: no webhook of the service would be called
+        (webhook,) = served
+        _, hook = hooks[webhook.path]
+        if review.operation not in hook["rules"][0]["operations"]:
+            continue  # the API server never sends it
+        called = _object_selected(hook, doc) and _match_conditions_hold(hook, doc)
+        decision = webhook.handler(review, cache)
+        if decision.patch or not decision.allowed:
+            assert called, f"{name}: the service would answer, but the webhook is skipped"
+        reached += called
+        skipped += not called
+    assert reached >= 10 and skipped >= 1, (reached, skipped)
+    assert not _match_conditions_hold(
+        hooks["/mutate--v1-pod"][1], fixture("pod-create-with-schedulinggroup.mutate.json")
+    )
+    trainjob = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "name": "j",
+                "uid": "u", "controller": True}  # fmt: skip
+    for kind in ("workload", "podgroup"):
+        path = f"/mutate-scheduling-k8s-io-v1beta1-{kind}"
+        outcome = "patched" if kind == "workload" else "rejected"
+        sent = fixture(f"{kind}-create-gang-without-mincount-{outcome}.mutate.json")
+        obj = sent["request"]["object"]
+        obj["spec"].pop("controllerRef", None)
+        obj["metadata"]["ownerReferences"] = [trainjob]
+        assert _match_conditions_hold(hooks[path][1], sent)
+        sent["request"]["userInfo"]["username"] = SELF  # the service's own writes
+        assert not _match_conditions_hold(hooks[path][1], sent)
+        sent["request"]["userInfo"]["username"] = "someone"
+        obj["metadata"]["ownerReferences"] = [{**trainjob, "kind": "JobSet"}]  # someone else's
+        assert not _match_conditions_hold(hooks[path][1], sent)
 
 
 def _three_way(original: Any, modified: Any, current: Any) -> Any:
