@@ -243,6 +243,30 @@ def test_the_deployment_is_production_grade(default: Rendered) -> None:
     assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
 
 
+def test_the_optional_pod_settings_are_rendered() -> None:
+    r = render(COMBINATIONS["extra-args"])
+    pod = r.deployment["spec"]["template"]
+    assert pod["metadata"]["annotations"] == {"sidecar.istio.io/inject": "false"}
+    assert pod["metadata"]["labels"]["team"] == "platform"
+    assert pod["spec"]["priorityClassName"] == "system-cluster-critical"
+    assert pod["spec"]["nodeSelector"] == {"kubernetes.io/os": "linux"}
+    assert pod["spec"]["tolerations"][0]["key"] == "dedicated"
+    assert r.container["image"] == "trainjob-scheduling-webhook@sha256:" + "ab" * 32
+    assert {"name": "WEBHOOK_BODY_TIMEOUT", "value": "5"} in r.container["env"]
+    assert r.args[-2:] == ["--max-body-bytes=8388608", "--log-level=debug"]  # last: they win
+    pulled = render({"imagePullSecrets": [{"name": "regcred"}], "image": {"tag": "v9"}})
+    assert pulled.deployment["spec"]["template"]["spec"]["imagePullSecrets"] == [
+        {"name": "regcred"}
+    ]
+    assert pulled.container["image"] == "trainjob-scheduling-webhook:v9"
+    for pod_spec in [p["spec"] for p in pulled.kinds("Pod")]:
+        assert pod_spec["imagePullSecrets"] == [{"name": "regcred"}]
+    single = render(COMBINATIONS["one-replica"])
+    assert single.deployment["spec"]["replicas"] == 1
+    assert not single.kinds("PodDisruptionBudget")  # minAvailable 1 of 1 would block drains
+    assert single.flag("--leader-elect") == "true"
+
+
 def test_probes_and_ports_agree_with_the_flags(default: Rendered) -> None:
     ports = {p["name"]: p["containerPort"] for p in default.container["ports"]}
     assert ports == {
