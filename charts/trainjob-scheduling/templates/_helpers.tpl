@@ -1,0 +1,151 @@
+{{/* The base name: <release>-<chart>, or <release> when it already holds the chart's name. */}}
+{{- define "tjs.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 44 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 44 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 44 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* <base>-webhook: the Deployment, Service, Lease and both webhook configurations. At most 52
+characters, so <name>-metrics-reader and the like stay within 63. */}}
+{{- define "tjs.name" -}}
+{{- printf "%s-webhook" (include "tjs.fullname" .) -}}
+{{- end -}}
+
+{{- define "tjs.secretName" -}}
+{{- printf "%s-cert" (include "tjs.name" .) -}}
+{{- end -}}
+
+{{- define "tjs.serviceAccountName" -}}
+{{- default (include "tjs.name" .) .Values.serviceAccount.name -}}
+{{- end -}}
+
+{{- define "tjs.chartLabel" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "tjs.selectorLabels" -}}
+app.kubernetes.io/name: {{ default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: webhook
+{{- end -}}
+
+{{/* Labels of every object; `component` overrides webhook (e.g. test, cleanup). */}}
+{{- define "tjs.labels" -}}
+helm.sh/chart: {{ include "tjs.chartLabel" . }}
+app.kubernetes.io/name: {{ default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: trainjob-scheduling
+{{- end -}}
+
+{{- define "tjs.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The namespaces no namespaced webhook is called for: the configured ones and the release's. */}}
+{{- define "tjs.namespaceSelector" -}}
+matchExpressions:
+- key: kubernetes.io/metadata.name
+  operator: NotIn
+  values: {{ uniq (append .Values.webhooks.excludeNamespaces .Release.Namespace) | toJson }}
+{{- with .Values.webhooks.namespaceSelectorExpressions }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* The CA the Service's certificate chains to lives in this Secret (key ca.crt) in both modes. */}}
+{{- define "tjs.caSecretName" -}}
+{{- include "tjs.secretName" . -}}
+{{- end -}}
+
+{{- define "tjs.checks" -}}
+{{- $s := .Values.serve -}}
+{{- if le (int .Values.terminationGracePeriodSeconds) (add (int $s.shutdownDelaySeconds) (int $s.shutdownTimeoutSeconds)) -}}
+{{- fail (printf "terminationGracePeriodSeconds (%v) must exceed serve.shutdownDelaySeconds + serve.shutdownTimeoutSeconds (%v + %v): the kubelet would kill the pod while reviews are still being answered" .Values.terminationGracePeriodSeconds $s.shutdownDelaySeconds $s.shutdownTimeoutSeconds) -}}
+{{- end -}}
+{{- if and (gt (int .Values.replicaCount) 1) (not $s.leaderElect) $s.reconcile -}}
+{{- fail "serve.leaderElect=false with more than one replica would have every replica reconcile; keep it true, or set replicaCount: 1" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The flags of `serve` (webhook/cli.py _SERVE_OPTIONS); extraArgs follow, so they win. */}}
+{{- define "tjs.args" -}}
+{{- $s := .Values.serve -}}
+- --namespace={{ .Release.Namespace }}
+- --port={{ .Values.ports.webhook }}
+- --metrics-port={{ .Values.ports.metrics }}
+- --health-port={{ .Values.ports.health }}
+- --log-level={{ $s.logLevel }}
+- --metrics-auth={{ $s.metricsAuth }}
+- --reconcile={{ $s.reconcile }}
+- --workers={{ $s.workers }}
+- --qps={{ $s.qps }}
+- --burst={{ $s.burst }}
+- --leader-elect={{ $s.leaderElect }}
+- --lease-name={{ include "tjs.name" . }}
+- --lease-duration={{ $s.leaseDurationSeconds }}
+- --renew-deadline={{ $s.renewDeadlineSeconds }}
+- --retry-period={{ $s.retryPeriodSeconds }}
+- --resync-period={{ $s.resyncPeriodSeconds }}
+- --shutdown-delay={{ $s.shutdownDelaySeconds }}
+- --shutdown-timeout={{ $s.shutdownTimeoutSeconds }}
+{{- with $s.watchNamespaces }}
+- --watch-namespaces={{ join "," . }}
+{{- end }}
+{{- if eq .Values.certManagement "self" }}
+- --cert-management=self
+- --cert-secret-name={{ include "tjs.secretName" . }}
+- --cert-secret-namespace={{ .Release.Namespace }}
+- --webhook-service-name={{ include "tjs.name" . }}
+- --mutating-webhook-configuration={{ include "tjs.name" . }}
+- --validating-webhook-configuration={{ include "tjs.name" . }}
+- --cert-check-period={{ .Values.selfManaged.checkPeriodSeconds }}
+{{- else }}
+- --cert-management=files
+- --cert-dir=/certs
+{{- end }}
+{{- range .Values.extraArgs }}
+- {{ . | quote }}
+{{- end }}
+{{- end -}}
+
+{{/* The pod settings of the hook and test pods: the service's image, restricted, no token. */}}
+{{- define "tjs.utilityPod" -}}
+restartPolicy: Never
+enableServiceLinks: false
+securityContext:
+  {{- toYaml .Values.podSecurityContext | nindent 2 }}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{- define "tjs.utilityContainer" -}}
+image: {{ include "tjs.image" . }}
+imagePullPolicy: {{ .Values.image.pullPolicy }}
+resources:
+  {{- toYaml .Values.tests.resources | nindent 2 }}
+securityContext:
+  {{- toYaml .Values.securityContext | nindent 2 }}
+{{- end -}}
