@@ -72,13 +72,18 @@ def _runtime_key(kind: str, namespace: str | None, name: str | None) -> RuntimeK
 
 
 def plan_command(
-    paths: Sequence[str], out: TextIO, err: TextIO, backend_name: str | None = None
+    paths: Sequence[str],
+    out: TextIO,
+    err: TextIO,
+    backend_name: str | None = None,
+    output: str = "yaml",
 ) -> int:
     """Prints the objects each TrainJob in the files would get (from the backend its pods'
     scheduler chooses, or `backend_name`); field errors exit non-zero."""
     from .backends.base import Context
     from .backends.registry import default_backends  # the Kubernetes client is slow to import
     from .core.plan import build_plan
+    from .core.planview import tree
 
     backends = default_backends()
     chosen: GangBackend | None = None
@@ -148,6 +153,9 @@ def plan_command(
             continue
         for warning in backend.admission_warnings(plan, Context.of(doc)):
             print(f"Warning: {warning}", file=err)
+        if output == "tree":
+            out.write(tree(plan))
+            continue
         rendered += backend.render(plan, Context.of(doc))
     if rendered:
         out.write(yaml.safe_dump_all(rendered, sort_keys=False))
@@ -175,6 +183,13 @@ def build_parser(config: dict[str, Any] | None = None) -> argparse.ArgumentParse
         required=True,
         metavar="FILE",
         help="YAML file with TrainJobs and (Cluster)TrainingRuntimes; repeatable; - for stdin",
+    )
+    plan.add_argument(
+        "-o",
+        "--output",
+        choices=["yaml", "tree"],
+        default="yaml",
+        help="yaml: the objects, ready to apply; tree: the plan's groups as a compact tree",
     )
     plan.add_argument(
         "--backend",
@@ -322,6 +337,9 @@ _SERVE_OPTIONS: list[tuple[str, str, Any, str, str]] = [
      "larger request header sections get 431"),
     ("--body-timeout", "BODY_TIMEOUT", _positive(float), "10",
      "seconds a request's body may take (slow clients get 408)"),
+    ("--backends", "BACKENDS", _names, "",
+     "comma-separated gang backends to run (default: all; each watches its kinds and needs "
+     "their RBAC)"),
     ("--native-schedulers", "NATIVE_SCHEDULERS", _names, "default-scheduler",
      "pod scheduler names whose TrainJobs get native Workloads and PodGroups"),
     ("--coscheduling-schedulers", "COSCHEDULING_SCHEDULERS", _names,
@@ -466,6 +484,7 @@ def serve_command(args: argparse.Namespace) -> int:
         header_timeout=args.header_timeout,
         max_header_bytes=args.max_header_bytes,
         limits=Limits(max_body_bytes=args.max_body_bytes, body_timeout=args.body_timeout),
+        backends=args.backends or None,
         schedulers={
             "native": args.native_schedulers,
             "coscheduling": args.coscheduling_schedulers,
@@ -521,7 +540,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser(config).parse_args(arguments)
     try:
         if args.command == "plan":
-            return plan_command(args.files, sys.stdout, sys.stderr, args.backend)
+            return plan_command(args.files, sys.stdout, sys.stderr, args.backend, args.output)
         if args.command == "serve":
             return serve_command(args)
         if args.command == "certs":

@@ -11,15 +11,16 @@ from typing import Any
 
 import jsonpatch
 
-from ..backends.base import Context, Defaulting, Kind
+from ..backends.base import Context, Defaulting, GangBackend, Kind
 from ..core import defaults, kueue
 from ..core import errors as fe
 from ..core.errors import FieldError, Path
 from ..core.fields import parse
+from ..core.layout import is_multi_level
 from ..core.lifecycle import gang_exists
 from ..core.ownership import controller_uid, controlling_trainjob
 from ..core.plan import JOBSET_NAME, PlanningError, build_plan, group_for_labels
-from ..core.trainer import DEFAULT_SCHEDULER, TrainJob
+from ..core.trainer import DEFAULT_SCHEDULER, Runtime, TrainJob
 from ..core.validation import CheckedRuntime, check_trainjob, validate_runtime
 from ..kube.cache import Cache
 from .review import Decision, Review
@@ -101,7 +102,42 @@ def validate_runtime_review(review: Review, cache: Cache) -> Decision:
     verdict = validate_runtime(review.object, old)
     if not verdict.allowed:
         return denied(review, verdict.errors, verdict.warnings)
+    runtime, _ = parse(Runtime, review.object)
+    scheduling = runtime.spec.scheduling if runtime else None
+    if runtime is not None and scheduling is not None and is_multi_level(scheduling):
+        scheduler = next((rj.scheduler for rj in runtime.replicated_jobs), DEFAULT_SCHEDULER)
+        errors = tree_errors(cache.backends.for_scheduler(scheduler), cache)
+        if errors:
+            return denied(review, errors, verdict.warnings)
     return Decision(warnings=list(verdict.warnings))
+
+
+def tree_errors(backend: GangBackend | None, cache: Cache) -> list[FieldError]:
+    """Levels combined (a tree of groups of groups) need a backend with CompositePodGroups,
+    and a cluster that serves them (checked once discovery has said so)."""
+    if backend is None:
+        return []
+    kind = next((k for k in backend.kinds if k.kind == "CompositePodGroup"), None)
+    where = Path("spec", "scheduling")
+    if kind is None:
+        return [
+            fe.forbidden(
+                where,
+                f"levels combined make groups of groups, which the {backend.name} gang backend "
+                "cannot express; keep each ReplicatedJob at one level",
+            )
+        ]
+    if cache.connected and cache.kind_states.get(kind) == "not-served":
+        return [
+            fe.forbidden(
+                where,
+                "levels combined make groups of groups (CompositePodGroup), which this cluster "
+                f"does not serve: enable the CompositePodGroup feature gate and "
+                f"--runtime-config={kind.group_version}=true, or keep each ReplicatedJob at "
+                "one level",
+            )
+        ]
+    return []
 
 
 def mutate_runtime_review(review: Review, cache: Cache) -> Decision:
@@ -167,7 +203,8 @@ def _gang_verdict(
             "TrainJob gets no gang until it is"
         )
     warnings += backend.admission_warnings(plan, context)
-    errors = backend.admission_errors(plan, context, cache.facts())
+    errors = tree_errors(backend, cache) if plan.composites else []
+    errors += backend.admission_errors(plan, context, cache.facts())
     return denied(review, errors, warnings) if errors else Decision(warnings=warnings)
 
 
@@ -230,6 +267,10 @@ def mutate_pod_review(review: Review, cache: Cache) -> Decision:
         return Decision(warnings=[detail])
     if cache.foreign(backend, plan.trainjob_uid) is not None:
         return Decision(note="not tied to a gang: another controller schedules this TrainJob")
+    if plan.composites and any(
+        cache.kind_states.get(k) == "not-served" for k in backend.kinds if k.optional
+    ):
+        return Decision(note="not tied to a gang: its tree needs CompositePodGroups, not served")
     return Decision(patch=backend.pod_patch(pod, plan, group) or None)
 
 

@@ -33,6 +33,9 @@ class Kind:
     version: str
     plural: str
     kind: str
+    optional: bool = False
+    """The backend works without it, for the plans that do not need it (it is discovered, and
+    watched, on its own)."""
 
     @property
     def api_version(self) -> str:
@@ -56,8 +59,8 @@ class Rule:
 
 
 # What the reconciler does with the objects of every backend: list/watch into the cache, create,
-# patch in place (drift), delete (lifecycle, recreate).
-OBJECT_VERBS = ("get", "list", "watch", "create", "patch", "delete")
+# patch in place (drift), delete (lifecycle, recreate). It never reads one object by name.
+OBJECT_VERBS = ("list", "watch", "create", "patch", "delete")
 
 DriftKind = Literal["none", "patch", "recreate"]
 
@@ -126,7 +129,8 @@ class GangBackend(Protocol):
 
     name: str
     kinds: tuple[Kind, ...]
-    """The kinds it creates, parents first (created in this order, removed in the reverse)."""
+    """The kinds it creates, parents first (created in this order, removed in the reverse);
+    the first one's group/version is the backend's API."""
 
     @property
     def rbac(self) -> tuple[Rule, ...]:
@@ -149,6 +153,11 @@ class GangBackend(Protocol):
 
     def status(self, kind: Kind, obj: JsonObject) -> GangStatus | None:
         """The gang signals of one of its objects; None for kinds that carry none."""
+        ...
+
+    def depth(self, kind: Kind, obj: JsonObject) -> int:
+        """How deep in its tree an object is (0 for a root): objects of one kind are created
+        shallowest first and removed deepest first."""
         ...
 
     def admission_warnings(self, plan: Plan, context: Context) -> list[str]:

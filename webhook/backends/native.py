@@ -22,7 +22,7 @@ from kubernetes import client as k8s
 
 from ..core.errors import FieldError
 from ..core.layout import MAX_TEMPLATES
-from ..core.plan import GroupPlan, Plan
+from ..core.plan import CompositePlan, GroupPlan, Plan
 from ..core.trainer import TRAINER_GROUP, TRAINJOB_KIND
 from .base import (
     OBJECT_VERBS,
@@ -43,6 +43,9 @@ GROUP, VERSION = "scheduling.k8s.io", "v1beta1"
 API_VERSION = f"{GROUP}/{VERSION}"
 WORKLOAD = Kind(GROUP, VERSION, "workloads", "Workload")
 POD_GROUP = Kind(GROUP, VERSION, "podgroups", "PodGroup")
+# Only multi-level plans need it (gate CompositePodGroup, alpha in 1.37).
+COMPOSITE = Kind(GROUP, "v1alpha3", "compositepodgroups", "CompositePodGroup", optional=True)
+COMPOSITE_API_VERSION = f"{GROUP}/v1alpha3"
 CONDITION = "PodGroupInitiallyScheduled"
 
 GATED_FIELDS = {
@@ -101,16 +104,79 @@ def _group_fields(group: GroupPlan) -> dict[str, Any]:
     return fields
 
 
-def workload(plan: Plan) -> JsonObject:
-    spec = k8s.V1beta1WorkloadSpec(
-        controller_ref=k8s.V1beta1TypedLocalObjectReference(
-            api_group=TRAINER_GROUP, kind=TRAINJOB_KIND, name=plan.trainjob_name
-        ),
-        pod_group_templates=[
-            k8s.V1beta1PodGroupTemplate(name=g.template_name, **_group_fields(g))
-            for g in plan.groups
-        ],
+def _composite_fields(composite: CompositePlan, version: str = "v1beta1") -> dict[str, Any]:
+    """The fields a CompositePodGroupTemplate (v1beta1, in the Workload) and its
+    CompositePodGroup (v1alpha3) share, as the client models of that version."""
+    model = _models(version)
+    if composite.policy == "gang":
+        gang = model["CompositeGangSchedulingPolicy"](min_group_count=composite.min_group_count)
+        policy = model["CompositePodGroupSchedulingPolicy"](gang=gang)
+    else:
+        policy = model["CompositePodGroupSchedulingPolicy"](basic={})
+    fields: dict[str, Any] = {"scheduling_policy": policy}
+    if composite.topology_key:
+        fields["scheduling_constraints"] = model["CompositePodGroupSchedulingConstraints"](
+            topology=[model["TopologyConstraint"](key=composite.topology_key)]
+        )
+    if composite.disruption_mode in ("all", "single"):
+        fields["disruption_mode"] = model["CompositeDisruptionMode"](
+            **{composite.disruption_mode: {}}
+        )
+    if composite.priority_class_name:
+        fields["priority_class_name"] = composite.priority_class_name
+    return fields
+
+
+def _models(version: str) -> dict[str, Any]:
+    prefix = "V1beta1" if version == "v1beta1" else "V1alpha3"
+    names = (
+        "CompositeGangSchedulingPolicy",
+        "CompositePodGroupSchedulingPolicy",
+        "CompositePodGroupSchedulingConstraints",
+        "CompositeDisruptionMode",
+        "TopologyConstraint",
     )
+    return {name: getattr(k8s, prefix + name) for name in names}
+
+
+def _composite_template(
+    plan: Plan, composite: CompositePlan
+) -> k8s.V1beta1CompositePodGroupTemplate:
+    leaves = {g.template_name: g for g in plan.groups}
+    nested = {c.template_name: c for c in plan.composites}
+    return k8s.V1beta1CompositePodGroupTemplate(
+        name=composite.template_name,
+        pod_group_templates=[
+            k8s.V1beta1PodGroupTemplate(name=name, **_group_fields(leaves[name]))
+            for name in composite.children
+            if name in leaves
+        ]
+        or None,
+        composite_pod_group_templates=[
+            _composite_template(plan, nested[name]) for name in composite.children if name in nested
+        ]
+        or None,
+        **_composite_fields(composite),
+    )
+
+
+def workload(plan: Plan) -> JsonObject:
+    controller = k8s.V1beta1TypedLocalObjectReference(
+        api_group=TRAINER_GROUP, kind=TRAINJOB_KIND, name=plan.trainjob_name
+    )
+    if plan.composites:  # a tree: the root's template holds everything
+        spec = k8s.V1beta1WorkloadSpec(
+            controller_ref=controller,
+            composite_pod_group_templates=[_composite_template(plan, plan.composites[0])],
+        )
+    else:
+        spec = k8s.V1beta1WorkloadSpec(
+            controller_ref=controller,
+            pod_group_templates=[
+                k8s.V1beta1PodGroupTemplate(name=g.template_name, **_group_fields(g))
+                for g in plan.groups
+            ],
+        )
     return {
         "apiVersion": API_VERSION,
         "kind": WORKLOAD.kind,
@@ -119,24 +185,49 @@ def workload(plan: Plan) -> JsonObject:
     }
 
 
+def composite_pod_group(
+    plan: Plan, composite: CompositePlan, workload_uid: str | None = None
+) -> JsonObject:
+    """A composite's CompositePodGroup (v1alpha3), pointing at its parent's."""
+    spec = k8s.V1alpha3CompositePodGroupSpec(
+        workload_ref=k8s.V1alpha3WorkloadReference(
+            workload_name=plan.workload_name, template_name=composite.template_name
+        ),
+        parent_composite_pod_group_name=composite.parent_name,
+        **_composite_fields(composite, "v1alpha3"),
+    )
+    return {
+        "apiVersion": COMPOSITE_API_VERSION,
+        "kind": COMPOSITE.kind,
+        "metadata": metadata(plan, composite.name, _workload_owner(plan, workload_uid)),
+        "spec": _json(spec),
+    }
+
+
+def _workload_owner(plan: Plan, workload_uid: str | None) -> list[JsonObject]:
+    """A second (non-controller) owner: the Workload, once its uid is known."""
+    if not workload_uid:
+        return []
+    return [
+        {"apiVersion": API_VERSION, "kind": "Workload", "name": plan.workload_name,
+         "uid": workload_uid}
+    ]  # fmt: skip
+
+
 def pod_group(plan: Plan, group: GroupPlan, workload_uid: str | None = None) -> JsonObject:
-    """A group's PodGroup; with the Workload's uid, a second (non-controller) owner for it."""
-    owners = (
-        [{"apiVersion": API_VERSION, "kind": "Workload", "name": plan.workload_name,
-          "uid": workload_uid}]
-        if workload_uid
-        else []
-    )  # fmt: skip
+    """A group's PodGroup; with the Workload's uid, a second (non-controller) owner for it;
+    in a tree, pointing at its parent CompositePodGroup."""
     spec = k8s.V1beta1PodGroupSpec(
         workload_ref=k8s.V1beta1WorkloadReference(
             workload_name=plan.workload_name, template_name=group.template_name
         ),
+        parent_composite_pod_group_name=group.parent_name,
         **_group_fields(group),
     )
     return {
         "apiVersion": API_VERSION,
         "kind": POD_GROUP.kind,
-        "metadata": metadata(plan, group.pod_group_name, owners),
+        "metadata": metadata(plan, group.pod_group_name, _workload_owner(plan, workload_uid)),
         "spec": _json(spec),
     }
 
@@ -148,6 +239,14 @@ def workload_drift(desired: Mapping[str, Any], actual: Mapping[str, Any]) -> Dri
     want, have = _spec(desired), _spec(actual)
     if want.get("controllerRef") != have.get("controllerRef"):
         return Drift("recreate", reason="spec.controllerRef differs")
+    if "compositePodGroupTemplates" in want or "compositePodGroupTemplates" in have:
+        # A tree is immutable as a whole: any difference but the server's defaults is a
+        # recreate.
+        if _normal(want.get("compositePodGroupTemplates")) != _normal(
+            have.get("compositePodGroupTemplates")
+        ) or have.get("podGroupTemplates"):
+            return Drift("recreate", reason="the tree of templates differs")
+        return Drift()
     want_templates = _by_name(want.get("podGroupTemplates"))
     have_templates = _by_name(have.get("podGroupTemplates"))
     if list(want_templates) != list(have_templates):
@@ -174,6 +273,8 @@ def pod_group_drift(desired: Mapping[str, Any], actual: Mapping[str, Any]) -> Dr
     want, have = _spec(desired), _spec(actual)
     if want.get("workloadRef") != have.get("workloadRef"):
         return Drift("recreate", reason="spec.workloadRef differs")
+    if want.get("parentCompositePodGroupName") != have.get("parentCompositePodGroupName"):
+        return Drift("recreate", reason="spec.parentCompositePodGroupName differs")
     drift = _group_drift(want, have, "the PodGroup")
     if drift.kind == "recreate":
         return drift
@@ -207,6 +308,26 @@ def _group_drift(want: Mapping[str, Any], have: Mapping[str, Any], what: str) ->
             return Drift("recreate", reason=f"{what}: {key} differs")
     changed = _min_count(want) != _min_count(have)
     return Drift("patch" if changed else "none", dropped=tuple(dropped))
+
+
+def composite_drift(desired: Mapping[str, Any], actual: Mapping[str, Any]) -> Drift:
+    """A CompositePodGroup is immutable: any difference but the server's defaults recreates."""
+    if _normal(_spec(desired)) != _normal(_spec(actual)):
+        return Drift("recreate", reason="the CompositePodGroup differs")
+    return Drift()
+
+
+def _normal(value: Any) -> Any:
+    """A template or spec without what the API server fills in where the desired object leaves
+    a field unset (a `single` disruption mode, priority, preemption policy)."""
+    if isinstance(value, list):
+        return [_normal(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    out = {k: _normal(v) for k, v in value.items() if k not in ("priority", "preemptionPolicy")}
+    if out.get("disruptionMode") == {"single": {}}:
+        del out["disruptionMode"]
+    return out
 
 
 def _result(actual: Mapping[str, Any], ops: list[dict[str, Any]], dropped: list[str]) -> Drift:
@@ -357,33 +478,68 @@ def pod_group_status(obj: Mapping[str, Any]) -> GangStatus:
     return GangStatus(kind, False, "NotEvaluated")
 
 
+def composite_status(obj: Mapping[str, Any]) -> GangStatus:
+    """What `CompositePodGroupInitiallyScheduled` says of a CompositePodGroup."""
+    spec = _spec(obj)
+    policy = spec.get("schedulingPolicy")
+    kind = "gang" if isinstance(policy, dict) and "gang" in policy else "basic"
+    status = obj.get("status")
+    conditions = status.get("conditions") if isinstance(status, dict) else None
+    for cond in conditions if isinstance(conditions, list) else ():
+        if isinstance(cond, dict) and cond.get("type") == "CompositePodGroupInitiallyScheduled":
+            if cond.get("status") == "True":
+                at = cond.get("lastTransitionTime")
+                return GangStatus(kind, True, "Scheduled", at if isinstance(at, str) else None)
+            reason = cond.get("reason")
+            if reason not in ("Unschedulable", "SchedulerError"):
+                reason = "Other"
+            return GangStatus(kind, False, str(reason))
+    return GangStatus(kind, False, "NotEvaluated")
+
+
 # --- the backend ------------------------------------------------------------------------------
 
 
 class NativeBackend:
     name: str = "native"
-    kinds: tuple[Kind, ...] = (WORKLOAD, POD_GROUP)
+    kinds: tuple[Kind, ...] = (WORKLOAD, COMPOSITE, POD_GROUP)
     defaulted: tuple[Kind, ...] = (WORKLOAD, POD_GROUP)  # its mutating webhooks
 
     @property
     def rbac(self) -> tuple[Rule, ...]:
-        return (Rule((GROUP,), (WORKLOAD.plural, POD_GROUP.plural), OBJECT_VERBS),)
+        # CompositePodGroups are immutable: drift recreates them, nothing patches them.
+        composite_verbs = tuple(v for v in OBJECT_VERBS if v != "patch")
+        return (
+            Rule((GROUP,), (WORKLOAD.plural, POD_GROUP.plural), OBJECT_VERBS),
+            Rule((GROUP,), (COMPOSITE.plural,), composite_verbs),
+        )
 
     def render(self, plan: Plan, context: Context, uids: Uids | None = None) -> list[JsonObject]:
         if not plan.groups:
             return []
         workload_uid = (uids or {}).get((WORKLOAD.kind, plan.workload_name))
-        return [workload(plan), *(pod_group(plan, g, workload_uid) for g in plan.groups)]
+        return [
+            workload(plan),
+            *(composite_pod_group(plan, c, workload_uid) for c in plan.composites),
+            *(pod_group(plan, g, workload_uid) for g in plan.groups),
+        ]
 
     def drift(self, desired: JsonObject, stored: JsonObject) -> Drift:
         if desired.get("kind") == WORKLOAD.kind:
             return workload_drift(desired, stored)
+        if desired.get("kind") == COMPOSITE.kind:
+            return composite_drift(desired, stored)
         return pod_group_drift(desired, stored)
+
+    def depth(self, kind: Kind, obj: JsonObject) -> int:
+        return 1 if kind == COMPOSITE and _spec(obj).get("parentCompositePodGroupName") else 0
 
     def pod_patch(self, pod: JsonObject, plan: Plan, group: GroupPlan) -> list[JsonObject]:
         return [scheduling_group_op(pod, group.pod_group_name)]
 
     def status(self, kind: Kind, obj: JsonObject) -> GangStatus | None:
+        if kind == COMPOSITE:
+            return composite_status(obj)
         return pod_group_status(obj) if kind == POD_GROUP else None
 
     def admission_warnings(self, plan: Plan, context: Context) -> list[str]:

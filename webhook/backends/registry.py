@@ -74,8 +74,20 @@ def all_backends() -> tuple[GangBackend, ...]:
     return (NativeBackend(),)
 
 
-def default_backends(schedulers: Mapping[str, Sequence[str]] | None = None) -> Backends:
+def default_backends(
+    schedulers: Mapping[str, Sequence[str]] | None = None,
+    enabled: Sequence[str] | None = None,
+) -> Backends:
+    """The backends to run: all, or those `enabled` names (a cluster without a scheduler need
+    not grant the RBAC for its objects), answering to the default scheduler names or
+    `schedulers`. Raises ValueError for a name no backend has."""
+    known = all_backends()
+    names = [b.name for b in known]
+    unknown = sorted(set(enabled or ()) - set(names))
+    if unknown:
+        raise ValueError(f"no gang backend {', '.join(unknown)}: choose from {', '.join(names)}")
     chosen = dict(DEFAULT_SCHEDULERS)
-    for name, names in (schedulers or {}).items():
-        chosen[name] = tuple(names)
-    return Backends(all_backends(), chosen)
+    for name, given in (schedulers or {}).items():
+        chosen[name] = tuple(given)
+    running = tuple(b for b in known if enabled is None or b.name in enabled)
+    return Backends(running, chosen)

@@ -22,11 +22,13 @@ GANG_DEFAULT: dict[str, Any] = {"gang": {}}
 
 
 def with_default_policies(runtime: Mapping[str, Any]) -> dict[str, Any]:
-    """An absent `schedulingPolicy` becomes `gang: {}` at the level that configures groups.
+    """An absent `schedulingPolicy` becomes `gang: {}` at the levels that configure groups.
 
     Level 1 (`spec.scheduling` without `replicatedJobs`): on `spec.scheduling`. Level 2: on each
-    entry. Level 3: on each entry's `job`. Shapes that are not objects are left for validation
-    to reject, so a broken spec is never made worse.
+    entry. Level 3: on each entry's `job`. A multi-level tree: also on `spec.scheduling` when it
+    sets fields of its own beside the entries, and on an entry with `job` that does. Shapes
+    that are not objects are left for validation to reject, so a broken spec is never made
+    worse.
     """
     out = dict(runtime)
     spec = out.get("spec")
@@ -34,22 +36,32 @@ def with_default_policies(runtime: Mapping[str, Any]) -> dict[str, Any]:
         return out
     scheduling = _own(_own(out, "spec"), "scheduling")
     entries = scheduling.get("replicatedJobs")
-    if entries is None:
-        if scheduling.get("schedulingPolicy") is None:
-            scheduling["schedulingPolicy"] = copy.deepcopy(GANG_DEFAULT)
-        return out
-    if not isinstance(entries, list) or len(entries) > MAX_ENTRIES:
+    # Level 1, or the root of a multi-level tree (TrainJob-level fields beside entries).
+    if (entries is None or _configures(scheduling)) and scheduling.get("schedulingPolicy") is None:
+        scheduling["schedulingPolicy"] = copy.deepcopy(GANG_DEFAULT)
+    if entries is None or not isinstance(entries, list) or len(entries) > MAX_ENTRIES:
         return out  # validation rejects more entries than a runtime may have
     entries = scheduling["replicatedJobs"] = list(entries)
     for i, entry in enumerate(entries):
         if not isinstance(entry, dict):
             continue
         job = entry.get("job")
-        if job is None and entry.get("schedulingPolicy") is None:
-            entries[i] = {**entry, "schedulingPolicy": copy.deepcopy(GANG_DEFAULT)}
-        elif isinstance(job, dict) and job.get("schedulingPolicy") is None:
-            entries[i] = {**entry, "job": {**job, "schedulingPolicy": copy.deepcopy(GANG_DEFAULT)}}
+        changed = dict(entry)
+        if (job is None or _configures(entry)) and entry.get("schedulingPolicy") is None:
+            changed["schedulingPolicy"] = copy.deepcopy(GANG_DEFAULT)  # its group, or composite
+        if isinstance(job, dict) and job.get("schedulingPolicy") is None:
+            changed["job"] = {**job, "schedulingPolicy": copy.deepcopy(GANG_DEFAULT)}
+        if changed != entry:
+            entries[i] = changed
     return out
+
+
+def _configures(settings: Mapping[str, Any]) -> bool:
+    """Whether a level sets any of the four group fields (then it is a group of its own)."""
+    return any(
+        settings.get(k) is not None
+        for k in ("schedulingPolicy", "schedulingConstraints", "disruptionMode", "resourceClaims")
+    )
 
 
 def _own(parent: dict[str, Any], key: str) -> dict[str, Any]:

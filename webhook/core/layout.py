@@ -26,9 +26,11 @@ from .trainer import (
     Scheduling,
 )
 
-MAX_TEMPLATES = 8  # WorkloadMaxPodGroupTemplates
+MAX_TEMPLATES = 8  # WorkloadMaxPodGroupTemplates; also the cap of each list in a tree
 MAX_TARGETS = 8
 MAX_ENTRIES = 8
+MAX_TREE_LEAVES = MAX_TEMPLATES * MAX_TEMPLATES  # 8 composites of 8 PodGroups each
+ROOT = "trainjob"  # the key of a tree's root composite
 
 SCHEDULING = Path("spec", "scheduling")
 
@@ -66,11 +68,44 @@ class GroupLayout:
     priority_class_name: str | None
     deferred: tuple[str, ...] = ()
     """Targets whose pods appear only after the gang is admitted (Ready dependents)."""
+    parent: str | None = None
+    """In a multi-level runtime, the key of the composite it belongs to."""
 
     @functools.cached_property
     def counted(self) -> tuple[str, ...]:
         deferred = frozenset(self.deferred)
         return tuple(t for t in self.targets if t not in deferred)
+
+
+class CompositeKind(enum.Enum):
+    """What a composite (a group of groups, the API's CompositePodGroup) stands for."""
+
+    TRAINJOB = "trainjob"  # the root: every group of the TrainJob (implied basic when unset)
+    REPLICATED_JOB = "replicated-job"  # an entry with job and its own fields: its Jobs' groups
+
+
+Child = int | str  # a child of a composite: a group (its index in Layout.groups) or a composite
+
+
+@dataclass(frozen=True)
+class CompositeLayout:
+    key: str  # ROOT, or "entry-<i>"
+    kind: CompositeKind
+    targets: tuple[str, ...]
+    """The ReplicatedJobs whose pods are under it."""
+    parent: str | None
+    policy: Policy
+    topology_key: str | None
+    disruption_mode: DisruptionModeName | None
+    priority_class_name: str | None
+    children: tuple[Child, ...]
+    deferred: tuple[Child, ...] = ()
+    """Children that can only exist once the others run (a Ready dependency): a gang counts
+    only the others, these join it after admission."""
+
+    @property
+    def counted(self) -> tuple[Child, ...]:
+        return tuple(c for c in self.children if c not in self.deferred)
 
 
 @dataclass(frozen=True)
@@ -79,6 +114,8 @@ class Layout:
     untargeted: tuple[str, ...]
     warnings: tuple[str, ...]
     errors: tuple[FieldError, ...]
+    composites: tuple[CompositeLayout, ...] = ()
+    """A multi-level runtime's tree, parents first (empty for a single level)."""
 
 
 def policy_kind(settings: GroupSettings) -> Policy:
@@ -132,10 +169,17 @@ class _Builder:
 
     widest_job: tuple[int, str] = (0, "")
     """The level-3 target with the most replicas, and that count, for the too-many message."""
+    multi: bool = False  # a multi-level runtime: groups go into a tree of composites
+    composites: list[CompositeLayout] = field(default_factory=list)
 
     def room(self, count: int) -> bool:
         self.templates += max(count, 0)
-        return self.templates <= MAX_TEMPLATES
+        return self.templates <= (MAX_TREE_LEAVES if self.multi else MAX_TEMPLATES)
+
+    @property
+    def leaf_parent(self) -> str | None:
+        """Where a group of an entry without a composite of its own goes."""
+        return ROOT if self.multi else None
 
     def group(
         self,
@@ -144,6 +188,7 @@ class _Builder:
         settings: GroupSettings,
         where: Path,
         job_index: int | None = None,
+        parent: str | None = None,
     ) -> None:
         resolved = resolve_settings(settings)
         deferred: tuple[str, ...] = ()
@@ -169,6 +214,7 @@ class _Builder:
                 resource_claims=resolved.resource_claims,
                 priority_class_name=self._consistent_priority_class(targets, where),
                 deferred=deferred,
+                parent=parent,
             )
         )
 
@@ -231,6 +277,7 @@ def resolve_layout(runtime: Runtime) -> Layout | None:
         )
 
     untargeted: tuple[str, ...] = ()
+    b.multi = is_multi_level(scheduling)
     if scheduling.replicated_jobs is None:
         _level_one(scheduling, rj_list, b)
     else:
@@ -239,7 +286,9 @@ def resolve_layout(runtime: Runtime) -> Layout | None:
     entries = scheduling.replicated_jobs
     where = SCHEDULING.child("replicatedJobs") if entries is not None else SCHEDULING
     count = b.templates
-    if count > MAX_TEMPLATES and len(entries or []) <= MAX_ENTRIES:
+    if b.multi:
+        _tree(scheduling, b)
+    elif count > MAX_TEMPLATES and len(entries or []) <= MAX_ENTRIES:
         if entries is None:
             why = f"splits into {count} gangs, one per ReplicatedJob (a Complete dependency)"
             fix = "use replicatedJobs entries to group them instead"
@@ -285,8 +334,147 @@ def resolve_layout(runtime: Runtime) -> Layout | None:
         gangs = [
             (frozenset(g.targets), frozenset(g.counted)) for g in b.groups if g.policy == "gang"
         ]
+        gangs += [
+            (frozenset(c.targets), _counted_targets(c, b)) for c in b.composites
+            if c.policy == "gang"
+        ]  # fmt: skip
         b.errors += progress_errors(edges, gangs, where)
-    return Layout(tuple(b.groups), untargeted, tuple(b.warnings), tuple(b.errors))
+    return Layout(
+        tuple(b.groups), untargeted, tuple(b.warnings), tuple(b.errors), tuple(b.composites)
+    )
+
+
+def is_multi_level(scheduling: Scheduling) -> bool:
+    """Levels combined: TrainJob-level fields beside replicatedJobs entries, or an entry with
+    `job` that has fields of its own (a gang of its Jobs). Needs CompositePodGroup."""
+    entries = scheduling.replicated_jobs
+    if entries is None:
+        return False
+    return bool(set_group_fields(scheduling)) or any(
+        e.job is not None and set_group_fields(e) for e in entries
+    )
+
+
+def _tree(scheduling: Scheduling, b: _Builder) -> None:
+    """The root composite over every group and entry composite, each composite's counted and
+    deferred children, and the API's limits on a tree (8 per list)."""
+    entries_path = SCHEDULING.child("replicatedJobs")
+    for composite in list(b.composites):  # the entry composites, made by _job_entry
+        index = int(composite.key.removeprefix("entry-"))
+        children: tuple[Child, ...] = tuple(
+            i for i, g in enumerate(b.groups) if g.parent == composite.key
+        )
+        b.composites[b.composites.index(composite)] = _with_children(
+            composite, children, entries_path.index(index), b
+        )
+    root_children: tuple[Child, ...] = (
+        *(i for i, g in enumerate(b.groups) if g.parent == ROOT),
+        *(c.key for c in b.composites),
+    )
+    if len(root_children) > MAX_TEMPLATES:
+        b.errors.append(
+            fe.too_many(
+                entries_path,
+                len(root_children),
+                MAX_TEMPLATES,
+                "the TrainJob level of this tree holds one group per entry (per Job for a job "
+                "entry without fields of its own); a composite holds at most 8: merge entries",
+            )
+        )
+    explicit = bool(set_group_fields(scheduling))
+    resolved = resolve_settings(scheduling)
+    if explicit and scheduling.resource_claims:
+        b.errors.append(
+            fe.forbidden(
+                SCHEDULING.child("resourceClaims"),
+                "the TrainJob level of a multi-level runtime is a CompositePodGroup, which holds "
+                "no resource claims; move them to the entries' groups (or their job)",
+            )
+        )
+    root = CompositeLayout(
+        key=ROOT,
+        kind=CompositeKind.TRAINJOB,
+        targets=tuple(dict.fromkeys(t for g in b.groups for t in g.targets)),
+        parent=None,
+        policy=resolved.policy if explicit else "basic",
+        topology_key=resolved.topology_key,
+        disruption_mode=resolved.disruption_mode,
+        priority_class_name=_shared({g.priority_class_name for g in b.groups}),
+        children=(),
+    )
+    b.composites.insert(0, _with_children(root, root_children, SCHEDULING, b))
+
+
+def _shared(values: set[str | None]) -> str | None:
+    """The one value all groups share, if they do (a composite copies its pods' class)."""
+    return next(iter(values)) if len(values) == 1 else None
+
+
+def _with_children(
+    composite: CompositeLayout, children: tuple[Child, ...], where: Path, b: _Builder
+) -> CompositeLayout:
+    """A composite with its children, those that join later, and the rule that a gang of
+    groups never holds a group that can only start once another of them has finished."""
+    members = {c: _child_targets(c, b) for c in children}
+    deferred: list[Child] = []
+    for child, targets in members.items():
+        others = b.order.of(t for c, ts in members.items() if c != child for t in ts)
+        waits = [b.order.ancestors(t) & others for t in targets]
+        if composite.policy != "gang" or not any(waits):
+            continue
+        deferred.append(child)
+        done = [b.order.complete_before(t) & others for t in targets]
+        if any(done):
+            first = next(d for d in done if d).first()
+            b.errors.append(
+                fe.invalid(
+                    where,
+                    sorted(targets),
+                    f'"{targets[0]}" starts only after "{first}" is Complete, so these groups '
+                    "never run together and this gang of groups would wait forever; make it "
+                    "schedulingPolicy basic (its topology still holds)",
+                )
+            )
+        else:
+            b.warnings.append(
+                f'scheduling: the group of "{targets[0]}" starts after "{_first(waits)}": it '
+                "joins its gang of groups later"
+            )
+    return CompositeLayout(
+        key=composite.key,
+        kind=composite.kind,
+        targets=composite.targets or tuple(dict.fromkeys(t for ts in members.values() for t in ts)),
+        parent=composite.parent,
+        policy=composite.policy,
+        topology_key=composite.topology_key,
+        disruption_mode=composite.disruption_mode,
+        priority_class_name=composite.priority_class_name,
+        children=children,
+        deferred=tuple(deferred),
+    )
+
+
+def _first(waits: list[Names]) -> str:
+    return next(w for w in waits if w).first()
+
+
+def _child_targets(child: Child, b: _Builder) -> tuple[str, ...]:
+    if isinstance(child, int):
+        return b.groups[child].targets
+    return next(c.targets for c in b.composites if c.key == child)
+
+
+def _counted_targets(composite: CompositeLayout, b: _Builder) -> frozenset[str]:
+    """The ReplicatedJobs whose pods a gang of groups waits for: those its counted children
+    wait for, down to the PodGroups."""
+    found: set[str] = set()
+    for child in composite.counted:
+        if isinstance(child, int):
+            found |= set(b.groups[child].counted)
+        else:
+            nested = next(c for c in b.composites if c.key == child)
+            found |= _counted_targets(nested, b)
+    return frozenset(found)
 
 
 def _level_one(scheduling: GroupSettings, rj_list: list[ReplicatedJob], b: _Builder) -> None:
@@ -318,14 +506,6 @@ def _level_one(scheduling: GroupSettings, rj_list: list[ReplicatedJob], b: _Buil
 def _entries(scheduling: Scheduling, rj_list: list[ReplicatedJob], b: _Builder) -> tuple[str, ...]:
     entries_path = SCHEDULING.child("replicatedJobs")
     entries = scheduling.replicated_jobs or []
-    for f in set_group_fields(scheduling):
-        b.errors.append(
-            fe.forbidden(
-                SCHEDULING.child(f),
-                "TrainJob-level fields and replicatedJobs are mutually exclusive; move it into "
-                "the replicatedJobs entries or remove replicatedJobs",
-            )
-        )
     if not entries:
         b.errors.append(
             fe.required(
@@ -400,7 +580,7 @@ def _entries(scheduling: Scheduling, rj_list: list[ReplicatedJob], b: _Builder) 
         if policy_kind(entry) == "gang":
             _reject_complete_inside(targets, tpath, b)
         if b.room(1):
-            b.group(GroupKind.REPLICATED_JOBS, tuple(targets), entry, tpath)
+            b.group(GroupKind.REPLICATED_JOBS, tuple(targets), entry, tpath, parent=b.leaf_parent)
 
     return tuple(rj.name for rj in rj_list if rj.name not in targeted)
 
@@ -425,11 +605,13 @@ def _job_entry(
     entry: ReplicatedJobEntry, i: int, raw: list[str], targets: list[str], b: _Builder
 ) -> None:
     where = SCHEDULING.child("replicatedJobs").index(i)
-    for f in set_group_fields(entry):
+    own = set_group_fields(entry)  # a gang of its Jobs' groups (a composite)
+    if own and entry.resource_claims:
         b.errors.append(
             fe.forbidden(
-                where.child(f),
-                "an entry with job configures each Job there; move this field under job",
+                where.child("resourceClaims"),
+                "with job, this entry is a CompositePodGroup over its Jobs' groups, which holds "
+                "no resource claims; move them under job",
             )
         )
     if len(raw) != 1:
@@ -458,6 +640,33 @@ def _job_entry(
             )
         )
     b.widest_job = max(b.widest_job, (rj.replica_count, rj.name))
+    parent = b.leaf_parent
+    if own:
+        parent = f"entry-{i}"
+        if rj.replica_count > MAX_TEMPLATES:
+            b.errors.append(
+                fe.too_many(
+                    tpath,
+                    rj.replica_count,
+                    MAX_TEMPLATES,
+                    f'this entry is a gang of "{rj.name}"\'s Jobs, one group each; a composite '
+                    "holds at most 8: lower its replicas",
+                )
+            )
+        resolved = resolve_settings(entry)
+        b.composites.append(
+            CompositeLayout(
+                key=parent,
+                kind=CompositeKind.REPLICATED_JOB,
+                targets=(rj.name,),
+                parent=ROOT,
+                policy=resolved.policy,
+                topology_key=resolved.topology_key,
+                disruption_mode=resolved.disruption_mode,
+                priority_class_name=rj.pod_spec.priority_class_name or None,
+                children=(),
+            )
+        )
     if b.room(rj.replica_count):  # counted first: replicas may be 2**31 - 1
         for index in range(rj.replica_count):
-            b.group(GroupKind.JOB, (rj.name,), entry.job, tpath, index)
+            b.group(GroupKind.JOB, (rj.name,), entry.job, tpath, index, parent)

@@ -13,7 +13,17 @@ from decimal import Decimal
 
 from . import naming, resources
 from .errors import FieldError
-from .layout import Claim, DisruptionModeName, GroupKind, GroupLayout, Policy
+from .layout import (
+    Child,
+    Claim,
+    CompositeKind,
+    CompositeLayout,
+    DisruptionModeName,
+    GroupKind,
+    GroupLayout,
+    Layout,
+    Policy,
+)
 from .podcounts import counted_pods, group_size
 from .trainer import DEFAULT_SCHEDULER, Runtime, TrainJob
 from .validation import CheckedRuntime, check_stored_runtime, check_trainjob
@@ -57,6 +67,31 @@ class GroupPlan:
     """Gang only: the pods each ReplicatedJob has before admission (they make up minCount)."""
     min_resources: tuple[tuple[str, str], ...] = ()
     """Gang only: what those pods request together, by resource name (quantities)."""
+    parent_template: str | None = None
+    """In a tree (multi-level runtime): the template of the composite it belongs to."""
+    parent_name: str | None = None
+    """In a tree: the CompositePodGroup it belongs to."""
+
+
+@dataclass(frozen=True)
+class CompositePlan:
+    """A group of groups (a CompositePodGroupTemplate and its CompositePodGroup)."""
+
+    template_name: str
+    name: str
+    kind: CompositeKind
+    replicated_jobs: tuple[str, ...]
+    policy: Policy
+    min_group_count: int | None
+    """Gang only: the child groups admitted together (those that can exist before admission)."""
+    topology_key: str | None
+    disruption_mode: DisruptionModeName | None
+    priority_class_name: str | None
+    children: tuple[str, ...]
+    """Template names of its children (composites and PodGroup templates), in order."""
+    joins_later: tuple[str, ...] = ()
+    parent_template: str | None = None
+    parent_name: str | None = None
 
 
 @dataclass(frozen=True)
@@ -71,6 +106,9 @@ class Plan:
     warnings: tuple[str, ...]
     scheduler_name: str = DEFAULT_SCHEDULER
     """The scheduler of every group's pods: it chooses the gang backend."""
+    composites: tuple[CompositePlan, ...] = ()
+    """A multi-level runtime's tree of groups of groups, parents first; `groups` are its
+    leaves. Empty for a single level."""
     _members: dict[tuple[str, int | None], GroupPlan] = field(
         init=False, repr=False, compare=False, hash=False
     )
@@ -131,9 +169,11 @@ def build_plan(trainjob: TrainJob, runtime: Runtime | CheckedRuntime) -> Plan | 
     ns = trainjob.namespace
     tj = trainjob.metadata.name or ""
     workload = naming.workload_name(ns, tj)
+    names = {c.key: _composite_names(c, ns, tj, workload) for c in layout.composites}
     groups = tuple(
-        _group_plan(g, checked.runtime, trainjob, ns, tj, workload) for g in layout.groups
+        _group_plan(g, checked.runtime, trainjob, ns, tj, workload, names) for g in layout.groups
     )
+    composites = tuple(_composite_plan(c, layout, groups, names) for c in layout.composites)
     scheduler = groups[0].scheduler_name if groups else DEFAULT_SCHEDULER
     return Plan(
         ns,
@@ -144,6 +184,43 @@ def build_plan(trainjob: TrainJob, runtime: Runtime | CheckedRuntime) -> Plan | 
         layout.untargeted,
         verdict.warnings,
         scheduler,
+        composites,
+    )
+
+
+def _composite_names(c: CompositeLayout, ns: str, tj: str, workload: str) -> tuple[str, str]:
+    """(template, object) names: the root is named as the Workload (as a level-1 template),
+    an entry's composite as that entry's level-2 template and PodGroup would be."""
+    if c.kind is CompositeKind.TRAINJOB:
+        return workload, workload
+    template = naming.group_template_name(ns, tj, c.targets)
+    return template, naming.pod_group_name(tj, template)
+
+
+def _composite_plan(
+    c: CompositeLayout,
+    layout: Layout,
+    groups: tuple[GroupPlan, ...],
+    names: Mapping[str, tuple[str, str]],
+) -> CompositePlan:
+    def name_of(child: Child) -> str:
+        return groups[child].template_name if isinstance(child, int) else names[child][0]
+
+    parent = names.get(c.parent) if c.parent else None
+    return CompositePlan(
+        template_name=names[c.key][0],
+        name=names[c.key][1],
+        kind=c.kind,
+        replicated_jobs=c.targets,
+        policy=c.policy,
+        min_group_count=len(c.counted) if c.policy == "gang" else None,
+        topology_key=c.topology_key,
+        disruption_mode=c.disruption_mode,
+        priority_class_name=c.priority_class_name,
+        children=tuple(name_of(child) for child in c.children),
+        joins_later=tuple(name_of(child) for child in c.deferred),
+        parent_template=parent[0] if parent else None,
+        parent_name=parent[1] if parent else None,
     )
 
 
@@ -165,6 +242,7 @@ def _group_plan(
     ns: str,
     tj: str,
     workload: str,
+    composites: Mapping[str, tuple[str, str]],
 ) -> GroupPlan:
     template = _template_name(group, ns, tj, workload)
     pod_group = (
@@ -199,4 +277,6 @@ def _group_plan(
         scheduler_name=trainjob.scheduler_of(rjs[group.targets[0]]),
         counted=counted,
         min_resources=tuple((k, resources.text(v)) for k, v in sorted(total.items())),
+        parent_template=composites[group.parent][0] if group.parent else None,
+        parent_name=composites[group.parent][1] if group.parent else None,
     )

@@ -58,6 +58,7 @@ class Cache:
             kind: Store(f"{kind.plural}.{kind.group}") for kind in self.backends.kinds
         }
         self.apis: dict[str, GangApi] = {name: "unknown" for name in self.backends.names}
+        self.kind_states: dict[Kind, GangApi] = {}  # optional kinds (CompositePodGroup)
         self.owners: dict[Kind, OwnerIndex] = {
             k: OwnerIndex(s) for k, s in self.gang_stores.items()
         }
@@ -102,9 +103,15 @@ class Cache:
                     return kind, obj
         return None
 
+    def kind_served(self, kind: Kind) -> bool:
+        """A required kind with its backend; an optional one once discovery found it."""
+        return not kind.optional or self.kind_states.get(kind) == "served"
+
     def backend_ready(self, backend: GangBackend) -> bool:
         """Served, and its objects listed: what the cache says of them is the cluster's."""
-        return self.api(backend) == "served" and all(s.synced for s in self.backend_stores(backend))
+        return self.api(backend) == "served" and all(
+            self.store(k).synced for k in backend.kinds if self.kind_served(k)
+        )
 
     @property
     def synced(self) -> bool:

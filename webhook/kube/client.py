@@ -91,6 +91,18 @@ def informers(
     ]
 
 
+def kind_informers(
+    api: ApiClient,
+    cache: Cache,
+    kind: Kind,
+    namespaces: Sequence[str] = (),
+    on_restart: Callable[[str], None] | None = None,
+) -> list[Informer]:
+    """The watches of one backend kind (started once discovery serves its API)."""
+    hint = {"not_served_hint": f" ({kind.group_version} is not served)"}
+    return _per_namespace(api, resource(kind), cache.store(kind), namespaces, on_restart, **hint)
+
+
 def backend_informers(
     api: ApiClient,
     cache: Cache,
@@ -98,12 +110,10 @@ def backend_informers(
     namespaces: Sequence[str] = (),
     on_restart: Callable[[str], None] | None = None,
 ) -> list[Informer]:
-    """The watches of one backend's kinds (started once discovery serves its API)."""
-    hint = {"not_served_hint": f" ({backend.kinds[0].group_version} is not served)"}
+    """The watches of a backend's kinds that the cache knows to be served."""
     return [
         informer
         for kind in backend.kinds
-        for informer in _per_namespace(
-            api, resource(kind), cache.store(kind), namespaces, on_restart, **hint
-        )
+        if cache.kind_served(kind)
+        for informer in kind_informers(api, cache, kind, namespaces, on_restart)
     ]

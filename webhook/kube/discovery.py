@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 from kubernetes.aio.client import ApiClient
 
-from ..backends.base import GangBackend
+from ..backends.base import GangBackend, Kind
 from .cache import Cache, GangApi
 from .informer import Informer
 
@@ -78,13 +78,14 @@ async def api_state(
 
 
 class BackendApiWatch:
-    """Keeps `cache.apis` current and each backend's informers running while it is served."""
+    """Keeps `cache.apis` (and each optional kind's state) current, and the informers of every
+    kind running while its API is served (and its backend's is)."""
 
     def __init__(
         self,
         api: ApiClient,
         cache: Cache,
-        make_informers: Callable[[GangBackend], list[Informer]],
+        make_informers: Callable[[Kind], list[Informer]],
         *,
         period: float = 60.0,
         on_change: Callable[[GangBackend, GangApi], None] | None = None,
@@ -96,47 +97,71 @@ class BackendApiWatch:
         self.period = period
         self.on_change = on_change
         self.sleep = sleep
-        self._watches: dict[str, list[asyncio.Task[None]]] = {}
+        self._watches: dict[Kind, list[asyncio.Task[None]]] = {}
 
     async def run(self) -> None:
         try:
             while True:
                 for backend in self.cache.backends.backends:
-                    kinds = backend.kinds
-                    state = await api_state(
-                        self.api, kinds[0].group_version, frozenset(k.plural for k in kinds)
-                    )
-                    if state != "unknown" and state != self.cache.api(backend):
-                        await self._became(backend, state)
+                    await self._check(backend)
                 await self.sleep(self.period)
         finally:
-            for backend in self.cache.backends.backends:
-                await self._stop_watches(backend)
+            for kind in list(self._watches):
+                await self._stop(kind)
 
-    async def _became(self, backend: GangBackend, state: GangApi) -> None:
-        self.cache.apis[backend.name] = state
+    async def _check(self, backend: GangBackend) -> None:
+        states: dict[str, GangApi] = {}
+        for version in dict.fromkeys(k.group_version for k in backend.kinds):
+            kinds = [k for k in backend.kinds if k.group_version == version]
+            states[version] = await api_state(self.api, version, frozenset(k.plural for k in kinds))
+        required = [states[k.group_version] for k in backend.kinds if not k.optional]
+        state: GangApi = (
+            "not-served"
+            if "not-served" in required
+            else "unknown"
+            if "unknown" in required
+            else "served"
+        )
+        if state != "unknown" and state != self.cache.api(backend):
+            self.cache.apis[backend.name] = state
+            self._report(backend, state)
+            if self.on_change:
+                self.on_change(backend, state)
+        for kind in backend.kinds:
+            if kind.optional and states[kind.group_version] != "unknown":
+                known = self.cache.kind_states.get(kind)
+                self.cache.kind_states[kind] = states[kind.group_version]
+                if known != states[kind.group_version]:
+                    served = states[kind.group_version] == "served"
+                    log.info(
+                        f"{kind.group_version} {kind.plural} are "
+                        f"{'served' if served else 'not served'}: {backend.name} plans that "
+                        f"need {kind.kind}s are {'possible' if served else 'denied'}"
+                    )
+            wanted = self.cache.api(backend) == "served" and self.cache.kind_served(kind)
+            if wanted and kind not in self._watches:
+                self._watches[kind] = [
+                    asyncio.create_task(i.run()) for i in self.make_informers(kind)
+                ]
+            elif not wanted and kind in self._watches:
+                await self._stop(kind)
+
+    def _report(self, backend: GangBackend, state: GangApi) -> None:
         version = backend.kinds[0].group_version
-        kinds = "/".join(k.plural for k in backend.kinds)
+        kinds = "/".join(k.plural for k in backend.kinds if not k.optional)
         if state == "served":
             log.info(f"{version} {kinds} are served: the {backend.name} gang backend is on")
-            self._watches[backend.name] = [
-                asyncio.create_task(i.run()) for i in self.make_informers(backend)
-            ]
-        else:
-            hint = HINTS.get(backend.name, "is its CRD installed?")
-            log.error(
-                f"{version} {kinds} are not served ({hint}): {backend.name} gang scheduling is "
-                "unavailable; TrainJobs whose pods name its scheduler get no gang objects and "
-                "their pods are not tied to one"
-            )
-            await self._stop_watches(backend)
-        if self.on_change:
-            self.on_change(backend, state)
+            return
+        hint = HINTS.get(backend.name, "is its CRD installed?")
+        log.error(
+            f"{version} {kinds} are not served ({hint}): {backend.name} gang scheduling is "
+            "unavailable; TrainJobs whose pods name its scheduler get no gang objects and "
+            "their pods are not tied to one"
+        )
 
-    async def _stop_watches(self, backend: GangBackend) -> None:
-        tasks = self._watches.pop(backend.name, [])
+    async def _stop(self, kind: Kind) -> None:
+        tasks = self._watches.pop(kind, [])
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        for store in self.cache.backend_stores(backend):
-            store.forget()
+        self.cache.store(kind).forget()

@@ -310,6 +310,16 @@ class Reconciler:
         TrainJob no longer needs, of any backend (children first)."""
         uid = plan.trainjob_uid
         context = Context.of(trainjob)
+        needed = {obj.get("kind") for obj in backend.render(plan, context)}
+        missing = [k for k in backend.kinds if k.kind in needed and not self.cache.kind_served(k)]
+        if missing:
+            kind = missing[0]
+            note = (
+                f"its plan needs {kind.kind}s, which the cluster does not serve "
+                f"({kind.group_version}: is the feature gate on?): no gang until it does"
+            )
+            self.events.record(trainjob, "Warning", "GangKindUnavailable", "Reconcile", note)
+            return DONE
         stored_uids: dict[tuple[str, str], str] = {}
         wanted: set[tuple[Kind, str]] = set()
         for kind in backend.kinds:
@@ -336,10 +346,17 @@ class Reconciler:
                 if isinstance(stored_uid, str):
                     stored_uids[(kind.kind, name)] = stored_uid
         for kind in reversed(self.kinds):
-            for stale in self.cache.owned(kind, uid):
+            for stale in self._deepest_first(kind, self.cache.owned(kind, uid)):
                 if is_managed(stale) and (kind, _meta(stale).get("name")) not in wanted:
                     await self._delete(trainjob, kind, stale, "no longer in the plan")
         return DONE
+
+    def _deepest_first(self, kind: Kind, objs: list[JsonObject]) -> list[JsonObject]:
+        """Children before parents within a kind (a tree's composites)."""
+        backend = self.backends.of_kind(kind)
+        if backend is None:
+            return objs
+        return sorted(objs, key=lambda obj: -backend.depth(kind, obj))
 
     def _check_ours(
         self, trainjob: JsonObject, kind: Kind, stored: JsonObject, uid: str | None
@@ -398,7 +415,8 @@ class Reconciler:
         uid = _meta(trainjob).get("uid")
         removed = False
         for kind in reversed(self.kinds):
-            for obj in self.cache.owned(kind, uid if isinstance(uid, str) else None):
+            owned = self.cache.owned(kind, uid if isinstance(uid, str) else None)
+            for obj in self._deepest_first(kind, owned):
                 if is_managed(obj) and _meta(obj).get("uid") not in self._deleted:
                     await self._delete(trainjob, kind, obj, why)
                     removed = True

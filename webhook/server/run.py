@@ -26,7 +26,7 @@ from kubernetes.aio.client import ApiClient
 from ..backends.base import GangBackend
 from ..backends.registry import default_backends
 from ..kube.cache import Cache, GangApi, Store
-from ..kube.client import backend_informers, connect, informers
+from ..kube.client import connect, informers, kind_informers
 from ..kube.discovery import BackendApiWatch
 from ..kube.events import EventRecorder
 from ..kube.leader import LeaderElector, LeaseSettings
@@ -83,6 +83,7 @@ class Settings:
     certs: CertSettings = field(default_factory=CertSettings)  # files (cert_dir) or self-managed
     schedulers: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: {})
     """Scheduler names per gang backend; a backend not named keeps its defaults."""
+    backends: tuple[str, ...] | None = None  # the gang backends to run; None: all
 
 
 def _server(app: Any, settings: Settings, port: int, **extra: Any) -> QuietServer:
@@ -269,7 +270,7 @@ def background(
         BackendApiWatch(
             api,
             cache,
-            lambda backend: backend_informers(api, cache, backend, r.namespaces, restarted),
+            lambda kind: kind_informers(api, cache, kind, r.namespaces, restarted),
             period=r.discovery_period,
             on_change=api_changed,
         ).run()
@@ -308,7 +309,7 @@ async def serve(settings: Settings) -> None:
     lease = lease_settings(settings, me) if r.enabled and r.leader_elect else None
     metrics = Metrics()
     try:
-        backends = default_backends(settings.schedulers)
+        backends = default_backends(settings.schedulers, settings.backends)
     except ValueError as err:
         raise StartupError(f"gang backends: {err}") from None
     try:
