@@ -8,10 +8,14 @@ Two independent checks, written apart from the service's own code so they can ca
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
+import jsonschema
 import kubernetes_validate
+import kubernetes_validate.utils
+from referencing import Registry, Resource
 
 K8S_VERSION = "1.37.0"
 _LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -20,11 +24,30 @@ _QUALIFIED = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
 
 
 def schema_errors(obj: dict[str, Any]) -> list[str]:
+    """kubernetes-validate's strict check of `obj` against the 1.37 schema of its kind."""
     try:
-        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
-    except kubernetes_validate.ValidationError as exc:
+        _validator(obj["kind"], obj["apiVersion"]).validate(obj)
+    except jsonschema.ValidationError as exc:
         return [f"{obj['kind']}: {exc.message}"]
     return []
+
+
+@functools.cache
+def _validator(kind: str, api_version: str) -> jsonschema.Draft202012Validator:
+    """kubernetes-validate's own schema files and validator, built once per kind: its
+    `validate` reads the whole definitions file again on every call (50 ms an object)."""
+    schema_dir = f"v{K8S_VERSION}-local-strict"
+    group_version = re.sub(r"^([^./]*)(?:\.[^/]*)?/", r"\1-", api_version)
+    files = "kubernetes-json-schema/" + schema_dir
+    schema = kubernetes_validate.utils.schema_contents(
+        f"{files}/{kind.lower()}-{group_version}.json", K8S_VERSION
+    )
+    definitions = kubernetes_validate.utils.schema_contents(
+        f"{files}/_definitions.json", K8S_VERSION
+    )
+    registry: Registry[Any] = Resource.from_contents(schema) @ Registry()
+    registry = Resource.from_contents(definitions) @ registry
+    return jsonschema.Draft202012Validator(schema, registry=registry)
 
 
 def dns_label(v: Any) -> bool:
@@ -81,6 +104,71 @@ def _group_errors(where: str, g: dict[str, Any]) -> list[str]:
     return errs
 
 
+MAX_TREE_DEPTH = 4  # CompositePodGroup trees (was-api.md 1.5)
+
+
+def _composite_errors(where: str, c: dict[str, Any]) -> list[str]:
+    errs = []
+    policy = c.get("schedulingPolicy")
+    if not _one_of(policy, ("basic", "gang")):
+        errs.append(f"{where}.schedulingPolicy: exactly one of basic/gang")
+    elif policy and "gang" in policy:
+        count = policy["gang"].get("minGroupCount")
+        if not isinstance(count, int) or count < 1:
+            errs.append(f"{where}.schedulingPolicy.gang.minGroupCount: >= 1, got {count}")
+    topology = (c.get("schedulingConstraints") or {}).get("topology") or []
+    if len(topology) > 1:
+        errs.append(f"{where}.schedulingConstraints.topology: at most 1")
+    if "disruptionMode" in c and not _one_of(c["disruptionMode"], ("single", "all")):
+        errs.append(f"{where}.disruptionMode: exactly one of single/all")
+    return errs
+
+
+def _tree_errors(where: str, node: dict[str, Any], depth: int, names: list[str]) -> list[str]:
+    """A composite template and everything below it: at least one child list, 8 per list,
+    the depth bound, and minGroupCount within the number of child groups."""
+    errs = _composite_errors(where, node)
+    names.append(str(node.get("name")))
+    leaves = node.get("podGroupTemplates") or []
+    nested = node.get("compositePodGroupTemplates") or []
+    if not leaves and not nested:
+        errs.append(f"{where}: a composite needs podGroupTemplates or compositePodGroupTemplates")
+    for key, items in (("podGroupTemplates", leaves), ("compositePodGroupTemplates", nested)):
+        if len(items) > 8:
+            errs.append(f"{where}.{key}: at most 8, got {len(items)}")
+    gang = ((node.get("schedulingPolicy") or {}).get("gang") or {}).get("minGroupCount")
+    if isinstance(gang, int) and gang > len(leaves) + len(nested):
+        errs.append(f"{where}: minGroupCount {gang} > {len(leaves) + len(nested)} children")
+    if depth + (1 if leaves else 0) > MAX_TREE_DEPTH:
+        errs.append(f"{where}: deeper than {MAX_TREE_DEPTH}")
+    for i, leaf in enumerate(leaves):
+        names.append(str(leaf.get("name")))
+        if not dns_label(leaf.get("name")):
+            errs.append(f"{where}.podGroupTemplates[{i}].name {leaf.get('name')!r}")
+        errs += _group_errors(f"{where}.podGroupTemplates[{i}]", leaf)
+    for i, child in enumerate(nested):
+        errs += _tree_errors(f"{where}.compositePodGroupTemplates[{i}]", child, depth + 1, names)
+    return errs
+
+
+def templates_of(w: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Every template of a Workload, leaves and composites, by name (flat or a tree)."""
+    out: dict[str, dict[str, Any]] = {}
+
+    def walk(node: dict[str, Any]) -> None:
+        out[node.get("name", "")] = node
+        for leaf in node.get("podGroupTemplates") or []:
+            out[leaf.get("name", "")] = leaf
+        for child in node.get("compositePodGroupTemplates") or []:
+            walk(child)
+
+    for leaf in w["spec"].get("podGroupTemplates") or []:
+        out[leaf.get("name", "")] = leaf
+    for root in w["spec"].get("compositePodGroupTemplates") or []:
+        walk(root)
+    return out
+
+
 def workload_errors(w: dict[str, Any]) -> list[str]:
     errs = schema_errors(w)
     if not _dns_subdomain(w["metadata"].get("name")):
@@ -89,6 +177,18 @@ def workload_errors(w: dict[str, Any]) -> list[str]:
     if "/" in (ref.get("apiGroup") or ""):
         errs.append("controllerRef.apiGroup must not carry a version")
     templates = w["spec"].get("podGroupTemplates") or []
+    trees = w["spec"].get("compositePodGroupTemplates") or []
+    if bool(templates) == bool(trees):
+        errs.append("exactly one of podGroupTemplates and compositePodGroupTemplates")
+    if trees:
+        names: list[str] = []
+        if len(trees) > 8:
+            errs.append(f"compositePodGroupTemplates: at most 8, got {len(trees)}")
+        for i, root in enumerate(trees):
+            errs += _tree_errors(f"compositePodGroupTemplates[{i}]", root, 1, names)
+        if len(set(names)) != len(names):
+            errs.append(f"template names must be unique in the tree: {names}")
+        return errs
     if not 1 <= len(templates) <= 8:
         errs.append(f"podGroupTemplates: 1..8, got {len(templates)}")
     names = [t.get("name") for t in templates]
@@ -101,6 +201,28 @@ def workload_errors(w: dict[str, Any]) -> list[str]:
     return errs
 
 
+def composite_pod_group_errors(
+    c: dict[str, Any], workload: dict[str, Any], parents: set[str]
+) -> list[str]:
+    """A CompositePodGroup: its schema, its template in the Workload (copied), its parent."""
+    errs = schema_errors(c)
+    ref = c["spec"].get("workloadRef") or {}
+    template = templates_of(workload).get(str(ref.get("templateName")))
+    if ref.get("workloadName") != workload["metadata"]["name"] or template is None:
+        errs.append(f"CompositePodGroup {c['metadata']['name']}: workloadRef {ref}")
+    elif "compositePodGroupTemplates" not in template and "podGroupTemplates" not in template:
+        errs.append(f"CompositePodGroup {c['metadata']['name']} points at a PodGroup template")
+    else:
+        for key in ("schedulingPolicy", "schedulingConstraints", "disruptionMode"):
+            if c["spec"].get(key) != template.get(key):
+                errs.append(f"CompositePodGroup {c['metadata']['name']}: {key} differs")
+    parent = c["spec"].get("parentCompositePodGroupName")
+    if parent is not None and parent not in parents:
+        errs.append(f"CompositePodGroup {c['metadata']['name']}: no parent {parent!r}")
+    errs += _composite_errors("spec", c["spec"])
+    return errs
+
+
 def pod_group_errors(pg: dict[str, Any], workload: dict[str, Any]) -> list[str]:
     errs = schema_errors(pg)
     if not _dns_subdomain(pg["metadata"].get("name")):
@@ -108,10 +230,10 @@ def pod_group_errors(pg: dict[str, Any], workload: dict[str, Any]) -> list[str]:
     if pg["metadata"].get("namespace") != workload["metadata"].get("namespace"):
         errs.append("PodGroup and Workload must share a namespace")
     ref = pg["spec"].get("workloadRef") or {}
-    templates = {t["name"]: t for t in workload["spec"].get("podGroupTemplates") or []}
+    templates = templates_of(workload)
     if ref.get("workloadName") != workload["metadata"]["name"]:
         errs.append(f"workloadRef.workloadName {ref.get('workloadName')!r}")
-    template = templates.get(ref.get("templateName"))
+    template = templates.get(str(ref.get("templateName")))
     if template is None:
         errs.append(f"workloadRef.templateName {ref.get('templateName')!r} not in the Workload")
     else:
@@ -129,13 +251,24 @@ def pod_group_errors(pg: dict[str, Any], workload: dict[str, Any]) -> list[str]:
 
 
 def objects_errors(objects: list[dict[str, Any]]) -> list[str]:
-    """All errors of a rendered set: one Workload first, then its PodGroups."""
+    """All errors of a rendered set: one Workload first, then its CompositePodGroups (parents
+    first) and PodGroups."""
     if not objects:
         return []
-    workload, *pod_groups = objects
+    workload, *rest = objects
     errs = workload_errors(workload)
+    composites: set[str] = set()
+    for c in (o for o in rest if o["kind"] == "CompositePodGroup"):
+        errs += composite_pod_group_errors(c, workload, composites)
+        composites.add(c["metadata"]["name"])
+    pod_groups = [o for o in rest if o["kind"] == "PodGroup"]
     for pg in pod_groups:
         errs += pod_group_errors(pg, workload)
+        parent = pg["spec"].get("parentCompositePodGroupName")
+        if parent is not None and parent not in composites:
+            errs.append(f"PodGroup {pg['metadata']['name']}: no parent {parent!r}")
+        if bool(composites) != (parent is not None):
+            errs.append(f"PodGroup {pg['metadata']['name']}: in a tree, every leaf has a parent")
     names = [pg["metadata"]["name"] for pg in pod_groups]
     if len(set(names)) != len(names):
         errs.append(f"PodGroup names collide: {names}")

@@ -87,6 +87,7 @@ TRAINING_RUNTIMES = kmock.resource(TRAINER, VERSION, "trainingruntimes")
 CLUSTER_RUNTIMES = kmock.resource(TRAINER, VERSION, "clustertrainingruntimes")
 WORKLOADS = kmock.resource("scheduling.k8s.io", "v1beta1", "workloads")
 POD_GROUPS = kmock.resource("scheduling.k8s.io", "v1beta1", "podgroups")
+COMPOSITE_POD_GROUPS = kmock.resource("scheduling.k8s.io", "v1alpha3", "compositepodgroups")
 LEASES = kmock.resource("coordination.k8s.io", "v1", "leases")
 EVENTS = kmock.resource("events.k8s.io", "v1", "events")
 SECRETS = kmock.resource("", "v1", "secrets")
@@ -157,6 +158,11 @@ def declare_backend_resources(emulator: KubernetesEmulator, names: Iterable[str]
         for kind in backend.kinds
     }
     _declare(emulator, kinds)
+
+
+def declare_composite_resources(emulator: KubernetesEmulator) -> None:
+    """scheduling.k8s.io/v1alpha3 CompositePodGroups (the CompositePodGroup gate on)."""
+    _declare(emulator, {COMPOSITE_POD_GROUPS: ("CompositePodGroup", True)})
 
 
 def declare_service_resources(emulator: KubernetesEmulator) -> None:
@@ -755,16 +761,19 @@ def next_requests(view: kmock.View, count: int = 1) -> kmock.View:
 
 @contextlib.asynccontextmanager
 async def emulator(
-    *, scheduling: bool = True, backends: Iterable[str] = ()
+    *, scheduling: bool = True, backends: Iterable[str] = (), composites: bool = False
 ) -> AsyncIterator[tuple[VersionedEmulator, str]]:
     """A `VersionedEmulator` and its URL, serving Kubeflow Trainer's resources, Leases, Events,
-    unless `scheduling=False` scheduling.k8s.io/v1beta1 Workloads and PodGroups, and the kinds
-    of the other gang `backends` named (their CRDs installed)."""
+    unless `scheduling=False` scheduling.k8s.io/v1beta1 Workloads and PodGroups, with
+    `composites` v1alpha3 CompositePodGroups too, and the kinds of the other gang `backends`
+    named (their CRDs installed)."""
     async with VersionedEmulator() as k, Server(k) as server:
         declare_trainer_resources(k)
         declare_service_resources(k)
         if scheduling:
             declare_scheduling_resources(k)
+        if composites:
+            declare_composite_resources(k)
         declare_backend_resources(k, backends)
         yield k, str(server.url).rstrip("/")
 

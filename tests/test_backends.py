@@ -282,10 +282,11 @@ async def test_another_controllers_gang_objects_make_the_service_stand_down() ->
         assert stored(w.k, WORKLOADS, "made-by-trainer") == theirs
         assert len(w.k[UPDATE, WORKLOADS]) == 0 and len(w.k[DELETE, WORKLOADS]) == 0
         # No retry loop: the test recorder posts every Event (production keeps one per 10
-        # min), and passes come only from changes (the TrainJob's own snapshot write is one).
+        # min), and passes come only from changes: the TrainJob created, its own snapshot
+        # write, the foreign Workload seen (at most 3, however the watches interleave).
         passes = len(events(w.k, "StandingDown"))
         await asyncio.sleep(0.5)
-        assert len(events(w.k, "StandingDown")) == passes <= 2
+        assert len(events(w.k, "StandingDown")) == passes <= 3
         value = metrics.registry.get_sample_value("trainjob_scheduling_trainjobs_stood_down")
         assert value == 1.0
         assert stored(w.k, WORKLOADS, WORKLOAD) is None

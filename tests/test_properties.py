@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
 from tests import reference
-from tests.apiserver_rules import dns_label, objects_errors
+from tests.apiserver_rules import dns_label, objects_errors, templates_of
 from tests.builders import Json, rj
 from webhook.backends.base import Context
 from webhook.backends.native import NativeBackend
@@ -272,7 +272,9 @@ def _check_plan(plan: Plan, raw_runtime: Json, raw_trainjob: Json) -> None:
     parent = {("Workload", plan.workload_name): "00000000-0000-0000-0000-000000000002"}
     objects = NativeBackend().render(plan, Context(), parent)
     assert objects_errors(objects) == []
-    for g, template in zip(plan.groups, objects[0]["spec"]["podGroupTemplates"], strict=True):
+    by_name = templates_of(objects[0])  # flat, or the leaves of a tree
+    for g in plan.groups:
+        template = by_name[g.template_name]
         want = reference.expected_template_fields(
             reference.group_settings(raw_runtime, g.replicated_jobs, g.job_index is not None)
         )

@@ -41,6 +41,7 @@ from tests.kube_emulator import (
     status,
 )
 from tests.test_informer import serving
+from webhook.backends.native import COMPOSITE
 from webhook.core.snapshot import SNAPSHOT_ANNOTATION
 from webhook.kube.cache import Cache
 from webhook.kube.client import backend_informers, informers
@@ -88,6 +89,7 @@ class World:
     identity: str = "test-replica"
     lease: LeaseSettings | None = None  # set: reconcile only while holding this Lease
     served: tuple[str, ...] = ("native",)  # the gang backends whose APIs discovery found
+    composites: bool = False  # and whether it found CompositePodGroups
     cache: Cache = field(init=False)
     reconciler: Reconciler = field(init=False)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
@@ -96,6 +98,7 @@ class World:
         self.api = ApiClient(configuration=Configuration(host=self.url))
         self.api.user_agent = self.identity  # lets a reaction pick this replica's requests
         self.cache = Cache(connected=True)
+        self.cache.kind_states[COMPOSITE] = "served" if self.composites else "not-served"
         watches = informers(self.api, self.cache)
         for backend in self.cache.backends.backends:
             if backend.name in self.served:
@@ -125,7 +128,7 @@ class World:
 async def world(**kw: Any) -> AsyncIterator[World]:
     """The emulator (with the CRDs of the `served` backends other than native) and a World."""
     others = [b for b in kw.get("served", ()) if b != "native"]
-    async with emulator(backends=others) as (k, url):
+    async with emulator(backends=others, composites=kw.get("composites", False)) as (k, url):
         w = await World(k, url, **kw).start()
         try:
             yield w

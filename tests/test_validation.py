@@ -16,6 +16,7 @@ from webhook.core.trainer import Runtime
 from webhook.core.validation import validate_runtime, validate_trainjob
 
 ZONE = {"topology": [{"key": "topology.kubernetes.io/zone"}]}
+CLAIM = {"name": "slice", "resourceClaimTemplateName": "tpu-slice"}
 
 
 def entries(*items: Json) -> Json:
@@ -74,12 +75,14 @@ RULES = [
         "scheduling and podGroupPolicy are mutually exclusive; remove podGroupPolicy",
     ),
     Rule(
-        "level-exclusivity",
-        two_jobs(entries(target("init", "node", schedulingConstraints=ZONE))),
+        "tree-root-holds-no-claims",
+        # Levels combined make a tree; its TrainJob level is a composite, which holds no claims.
         two_jobs(entries(target("init", "node")) | {"schedulingConstraints": ZONE}),
-        "spec.scheduling.schedulingConstraints",
+        two_jobs(entries(target("init", "node")) | {"resourceClaims": [CLAIM]}),
+        "spec.scheduling.resourceClaims",
         ErrorType.FORBIDDEN,
-        "TrainJob-level fields and replicatedJobs are mutually exclusive",
+        "the TrainJob level of a multi-level runtime is a CompositePodGroup, which holds no "
+        "resource claims",
     ),
     Rule(
         "target-exists",
@@ -322,12 +325,46 @@ RULES = [
         "an entry with job must target exactly one ReplicatedJob",
     ),
     Rule(
-        "job-excludes-entry-fields",
-        two_jobs(entries(target("node", job={"schedulingConstraints": ZONE}))),
+        "tree-entry-holds-no-claims",
+        # An entry with job and fields of its own is a gang of its Jobs' groups (a composite).
         two_jobs(entries(target("node", job={}, schedulingConstraints=ZONE))),
-        "spec.scheduling.replicatedJobs[0].schedulingConstraints",
+        two_jobs(entries(target("node", job={}, resourceClaims=[CLAIM]))),
+        "spec.scheduling.replicatedJobs[0].resourceClaims",
         ErrorType.FORBIDDEN,
-        "an entry with job configures each Job there; move this field under job",
+        "with job, this entry is a CompositePodGroup over its Jobs' groups, which holds no "
+        "resource claims; move them under job",
+    ),
+    Rule(
+        "tree-composite-width",
+        runtime(
+            rj("init"),
+            torch_node(replicas=8),
+            scheduling=entries(target("node", job={}, schedulingConstraints=ZONE)),
+        ),
+        runtime(
+            rj("init"),
+            torch_node(replicas=9),
+            scheduling=entries(target("node", job={}, schedulingConstraints=ZONE)),
+        ),
+        "spec.scheduling.replicatedJobs[0].targetReplicatedJobs",
+        ErrorType.TOO_MANY,
+        '9: must have at most 8 items; this entry is a gang of "node"\'s Jobs',
+    ),
+    Rule(
+        "tree-gang-of-groups-never-together",
+        two_jobs(
+            entries(target("init"), target("node"))
+            | {"schedulingPolicy": {"basic": {}}, "schedulingConstraints": ZONE},
+        ),
+        runtime(
+            rj("init"),
+            torch_node(depends=[("init", "Complete")]),
+            scheduling=entries(target("init"), target("node"))
+            | {"schedulingPolicy": {"gang": {}}, "schedulingConstraints": ZONE},
+        ),
+        "spec.scheduling",
+        ErrorType.INVALID,
+        '"node" starts only after "init" is Complete, so these groups never run together',
     ),
     Rule(
         "jobset-scheduling-owned",
