@@ -54,6 +54,7 @@ from tests.kube_emulator import (
     Json,
     Key,
     VersionedEmulator,
+    declare_composite_resources,
     declare_scheduling_resources,
     declare_service_resources,
     declare_trainer_resources,
@@ -511,7 +512,8 @@ def install_reviews(k: RbacEmulator) -> None:
 async def rbac_emulator(
     rbac: RBAC, tokens: dict[str, User], admin_token: str
 ) -> AsyncIterator[tuple[RbacEmulator, str]]:
-    """An `RbacEmulator` on a port and its URL, serving what `emulator()` serves; its own test
+    """An `RbacEmulator` on a port and its URL, serving what `emulator(composites=True)` serves
+    (CompositePodGroups too); its own test
     client (`k.post(...)` and the helpers of tests/kube_emulator.py) sends `admin_token`,
     a `system:masters` user's."""
     tokens = {**tokens, admin_token: User("admin", (MASTERS, AUTHENTICATED))}
@@ -519,6 +521,7 @@ async def rbac_emulator(
         declare_trainer_resources(k)
         declare_service_resources(k)
         declare_scheduling_resources(k)
+        declare_composite_resources(k)
         install_reviews(k)
         server.client.headers["Authorization"] = f"Bearer {admin_token}"
         yield k, str(server.url).rstrip("/")

@@ -30,6 +30,7 @@ from tests.harness import fixture, fixture_cache, fixture_names
 from tests.paths import SAMPLES, SHARED
 from webhook.admission.review import parse
 from webhook.admission.routes import WEBHOOKS
+from webhook.backends.registry import default_backends
 from webhook.cli import _SERVE_OPTIONS, build_parser
 from webhook.kube.cache import Cache
 from webhook.metrics.gangs import GangTracker
@@ -594,8 +595,11 @@ CLUSTER_SELF = {
     *((TRAINER, "trainjobs", v, "") for v in ("list", "watch", "patch")),
     *((TRAINER, r, v, "") for r in RUNTIMES for v in ("list", "watch")),
     (TRAINER, "trainjobs/finalizers", "update", ""),
-    *((SCHEDULING, r, v, "") for r in ("workloads", "podgroups")
-      for v in ("list", "watch", "create", "patch", "delete")),
+    *((SCHEDULING, "priorityclasses", v, "") for v in ("list", "watch")),
+    # The gang objects: what each backend the chart runs says it needs.
+    *((group, resource, verb, "")
+      for backend in default_backends(enabled=("native",)).backends for rule in backend.rbac
+      for group in rule.api_groups for resource in rule.resources for verb in rule.verbs),
     ("events.k8s.io", "events", "create", ""),
     ("authentication.k8s.io", "tokenreviews", "create", ""),
     ("authorization.k8s.io", "subjectaccessreviews", "create", ""),
@@ -731,7 +735,7 @@ def service_metrics() -> frozenset[str]:
     """Every series name the service exports (counters' _total, histograms' _bucket...), and up:
     its registry as `serve` builds it (the gang signals register themselves there)."""
     metrics = Metrics()
-    GangTracker(metrics, Cache(connected=False).pod_groups)
+    GangTracker(metrics, Cache(connected=False))
     return frozenset({*metrics.registry._names_to_collectors, "up"})
 
 

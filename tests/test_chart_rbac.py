@@ -2,10 +2,11 @@
 Deployment's flags and its ServiceAccount's token, against the API emulator enforcing the
 rendered ClusterRoles, Roles and bindings (tests/kube_rbac.py), through what a cluster does to
 it: certificate creation and caBundle injection, leader election, TrainJobs created, drifted,
-suspended, resumed, finished and deleted, a damaged certificate Secret, scrapes by an allowed, a
-foreign and an anonymous client, the `helm test` scripts and the pre-delete hook. Nothing the
-service, the scraper or the hook does is refused, and every rule and every verb of the chart's
-RBAC is needed: without any one of them, a request the run made would have been refused."""
+suspended, resumed, finished and deleted, a gang of gangs made and repaired, a damaged
+certificate Secret, scrapes by an allowed, a foreign and an anonymous client, the `helm test`
+scripts and the pre-delete hook. Nothing the service, the scraper or the hook does is refused,
+and every rule and every verb of the chart's RBAC is needed: without any one of them, a request
+the run made would have been refused."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ from tests.chart import BASE, NAMESPACE, Json, Rendered, render
 from tests.harness import ServerProcess, server_process
 from tests.kube_emulator import (
     CLUSTER_RUNTIMES,
+    COMPOSITE_POD_GROUPS,
     LEASES,
     MUTATING_CONFIGS,
     POD_GROUPS,
@@ -49,6 +51,7 @@ from tests.kube_emulator import (
 )
 from tests.kube_rbac import RBAC, Attributes, RbacEmulator, rbac_emulator, service_account
 from tests.test_metrics_serve import cluster_runtime, trainjob
+from tests.test_trees import zone_block_rack
 
 T = TypeVar("T")
 
@@ -317,6 +320,34 @@ def test_the_service_runs_on_the_charts_rbac_alone(tmp_path: Path, rendered: Ren
             api.run(patch(api.k, TRAINJOBS, ns, name, finished))
             api.eventually(lambda: not api.scheduling_objects(), "released when finished", served)
             api.run(delete(api.k, TRAINJOBS, ns, name))
+
+            # A gang of gangs: CompositePodGroups made, a changed one made again (immutable).
+            api.run(
+                create(api.k, CLUSTER_RUNTIMES, zone_block_rack() | {"metadata": {"name": "tree"}})
+            )
+            tree = trainjob()
+            tree["metadata"]["name"] = "tree-job"
+            tree["spec"] = {"runtimeRef": {"name": "tree"}, "trainer": {"numNodes": 4}}
+            api.run(create(api.k, TRAINJOBS, tree))
+
+            def composites() -> list[Json] | None:
+                found = api.call(lambda: [
+                    copy.deepcopy(o.raw) for key, o in api.k.objects.items()
+                    if key[0] == COMPOSITE_POD_GROUPS and not o.deleted
+                ])  # fmt: skip
+                return found if len(found) == 2 else None
+
+            block = api.eventually(composites, "the tree's two CompositePodGroups", served)[1]
+            changed = {"spec": {"schedulingConstraints": {"topology": [{"key": "other"}]}}}
+            api.run(patch(api.k, COMPOSITE_POD_GROUPS, ns, block["metadata"]["name"], changed))
+
+            def remade() -> bool:
+                now = api.get(COMPOSITE_POD_GROUPS, ns, block["metadata"]["name"]) or {}
+                uid = now.get("metadata", {}).get("uid")
+                return uid not in (None, block["metadata"]["uid"]) and now["spec"] == block["spec"]
+
+            api.eventually(remade, "the changed CompositePodGroup made again", served)
+            api.run(delete(api.k, TRAINJOBS, ns, "tree-job"))
 
             # A damaged Secret is made whole again (update), and the new CA injected.
             secret = api.get(SECRETS, NAMESPACE, SECRET)

@@ -104,6 +104,7 @@ matchExpressions:
 {{- with $s.watchNamespaces }}
 - --watch-namespaces={{ join "," . }}
 {{- end }}
+- --backends={{ join "," $s.backends }}
 {{- if eq .Values.certManagement "self" }}
 - --cert-management=self
 - --cert-secret-name={{ include "tjs.secretName" . }}
