@@ -49,6 +49,7 @@ plan: setup
 	$(PY) -m webhook plan -f $(SAMPLES)/torch-100-nodes.trainjob.yaml -f $(SAMPLES)/torch-distributed.runtime.yaml
 	$(PY) -m webhook plan -f $(SAMPLES)/deepspeed-8-nodes.trainjob.yaml -f $(SAMPLES)/deepspeed-distributed.runtime.yaml
 	$(PY) -m webhook plan -f $(SAMPLES)/torch-rack.trainjob.yaml -f $(SAMPLES)/torch-rack.runtime.yaml
+	$(PY) -m webhook plan -o tree -f $(SAMPLES)/tpu-slices.trainjob.yaml -f $(SAMPLES)/tpu-slices.runtime.yaml
 
 ## bench: speed and memory figures (prints numbers; not a test): the planning core, then
 ## concurrent HTTPS reviews against the service and against a bare uvicorn app

@@ -138,3 +138,19 @@ def test_samples_are_listed_printed_and_planned() -> None:
     unknown = run("samples", "nope.yaml")
     assert unknown.returncode == 2
     assert unknown.stderr.startswith("error: no sample nope.yaml; there are: deepspeed-8-nodes")
+
+
+def test_tpu_slices_gang_of_gangs() -> None:
+    code, objects, err = plan("tpu-slices.trainjob.yaml", "tpu-slices.runtime.yaml")
+    assert code == 0, err
+    assert [o["kind"] for o in objects] == ["Workload", *["CompositePodGroup"] * 2,
+                                            *["PodGroup"] * 5]  # fmt: skip
+    root, slices = by_kind(objects, "CompositePodGroup")
+    assert slices["spec"]["parentCompositePodGroupName"] == root["metadata"]["name"]
+    assert slices["spec"]["schedulingPolicy"] == {"gang": {"minGroupCount": 4}}
+    init, *racks = by_kind(objects, "PodGroup")
+    assert init["spec"]["parentCompositePodGroupName"] == root["metadata"]["name"]
+    assert {r["spec"]["parentCompositePodGroupName"] for r in racks} == {slices["metadata"]["name"]}
+    assert {r["spec"]["schedulingPolicy"]["gang"]["minCount"] for r in racks} == {8}
+    assert err == ""
+    assert objects_errors(objects) == []
