@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from ..core.plan import Plan
 from ..core.trainer import DEFAULT_SCHEDULER
 from .base import GangBackend, Kind
+from .kai import KaiBackend, KaiSettings
 from .native import NativeBackend
 
 DEFAULT_SCHEDULERS: Mapping[str, tuple[str, ...]] = {
@@ -70,12 +71,14 @@ class Backends:
         return tuple(b.name for b in self.backends)
 
 
-def all_backends() -> tuple[GangBackend, ...]:
-    return (NativeBackend(),)
+def all_backends(kai: KaiSettings | None = None) -> tuple[GangBackend, ...]:
+    return (NativeBackend(), KaiBackend(kai))
 
 
-def default_backends(schedulers: Mapping[str, Sequence[str]] | None = None) -> Backends:
+def default_backends(
+    schedulers: Mapping[str, Sequence[str]] | None = None, kai: KaiSettings | None = None
+) -> Backends:
     chosen = dict(DEFAULT_SCHEDULERS)
     for name, names in (schedulers or {}).items():
         chosen[name] = tuple(names)
-    return Backends(all_backends(), chosen)
+    return Backends(all_backends(kai), chosen)
