@@ -164,10 +164,10 @@ def pod_ops(pod: Mapping[str, Any], pod_group_name: str) -> list[JsonObject]:
     if not isinstance(meta.get("annotations"), dict):
         op = "replace" if "annotations" in meta else "add"
         return [{"op": op, "path": "/metadata/annotations", "value": wanted}]
-    return [
-        op for key, value in wanted.items() for op in add_to_map(pod, ("metadata", "annotations"),
-                                                                 key, value)
-    ]  # fmt: skip
+    ops: list[JsonObject] = []
+    for key, value in wanted.items():  # a pod template's own values are replaced
+        ops += add_to_map(pod, ("metadata", "annotations"), key, value)
+    return ops
 
 
 # --- status ----------------------------------------------------------------------------------
