@@ -30,7 +30,7 @@ from tests.harness import fixture, fixture_cache, fixture_names
 from tests.paths import SAMPLES, SHARED
 from webhook.admission.review import parse
 from webhook.admission.routes import WEBHOOKS
-from webhook.backends.registry import default_backends
+from webhook.backends.registry import all_backends, default_backends
 from webhook.cli import _SERVE_OPTIONS, build_parser
 from webhook.kube.cache import Cache
 from webhook.metrics.gangs import GangTracker
@@ -591,20 +591,28 @@ TRAINER, SCHEDULING, ADMISSION = (
 )
 RUNTIMES = ("trainingruntimes", "clustertrainingruntimes")
 CONFIGS = ("mutatingwebhookconfigurations", "validatingwebhookconfigurations")
-CLUSTER_SELF = {
+
+
+def cluster_self(backends: tuple[str, ...]) -> set[tuple[str, str, str, str]]:
+    """The ClusterRole the service's account gets when the chart runs `backends`."""
+    return {
     *((TRAINER, "trainjobs", v, "") for v in ("list", "watch", "patch")),
     *((TRAINER, r, v, "") for r in RUNTIMES for v in ("list", "watch")),
     (TRAINER, "trainjobs/finalizers", "update", ""),
     *((SCHEDULING, "priorityclasses", v, "") for v in ("list", "watch")),
     # The gang objects: what each backend the chart runs says it needs.
     *((group, resource, verb, "")
-      for backend in default_backends(enabled=("native",)).backends for rule in backend.rbac
+      for backend in default_backends(enabled=backends).backends for rule in backend.rbac
       for group in rule.api_groups for resource in rule.resources for verb in rule.verbs),
     ("events.k8s.io", "events", "create", ""),
     ("authentication.k8s.io", "tokenreviews", "create", ""),
     ("authorization.k8s.io", "subjectaccessreviews", "create", ""),
     *((ADMISSION, r, v, BASE) for r in CONFIGS for v in ("get", "watch", "patch")),
-}  # fmt: skip
+    }  # fmt: skip
+
+
+CHART_BACKENDS = tuple(yaml.safe_load((CHART / "values.yaml").read_text())["serve"]["backends"])
+CLUSTER_SELF = cluster_self(CHART_BACKENDS)
 NAMESPACED_SELF = {
     ("coordination.k8s.io", "leases", "get", BASE),
     ("coordination.k8s.io", "leases", "update", BASE),
@@ -623,6 +631,13 @@ def _flat(role: Json) -> set[tuple[str, str, str, str]]:
         for verb in rule["verbs"]
         for name in rule.get("resourceNames") or [""]
     }
+
+
+@pytest.mark.parametrize("name", [b.name for b in all_backends()])
+def test_each_backend_gets_the_rbac_it_declares_and_only_when_run(name: str) -> None:
+    rendered = render({"serve": {"backends": [name]}})
+    assert _flat(rendered.one("ClusterRole", BASE)) == cluster_self((name,))
+    assert f"--backends={name}" in rendered.args
 
 
 def test_rbac_is_exactly_what_the_service_uses(default: Rendered, cert_manager: Rendered) -> None:

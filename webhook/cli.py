@@ -278,8 +278,18 @@ def _at_least_zero(text: str) -> float:
     return value
 
 
+def _object_name(text: str) -> str:
+    """Empty, or a name a cluster object may have (a DNS subdomain)."""
+    from .backends.kai import is_object_name
+
+    if text and not is_object_name(text):
+        raise ValueError(text)
+    return text
+
+
 _port.__name__ = "port (1-65535)"
 _at_least_zero.__name__ = "number >= 0"
+_object_name.__name__ = "object name (a DNS subdomain) or empty"
 
 
 # flag, environment variable (after WEBHOOK_), type, default, help
@@ -349,6 +359,11 @@ _SERVE_OPTIONS: list[tuple[str, str, Any, str, str]] = [
      "scheduler names whose TrainJobs get Volcano PodGroups"),
     ("--kai-schedulers", "KAI_SCHEDULERS", _names, "kai-scheduler",
      "scheduler names whose TrainJobs get KAI Scheduler PodGroups"),
+    ("--kai-default-queue", "KAI_DEFAULT_QUEUE", _object_name, "default-queue",
+     "KAI Queue of TrainJobs without a kai.scheduler/queue label (empty: they are denied)"),
+    ("--kai-topology", "KAI_TOPOLOGY", _object_name, "cluster-topology",
+     "KAI Topology holding the gangs' topology keys as levels (a TrainJob's "
+     "kai.scheduler/topology annotation wins; empty: KAI ignores the keys)"),
     ("--log-level", "LOG_LEVEL", str.lower, "info", "debug, info, warning or error"),
     ("--cert-management", "CERT_MANAGEMENT", str.lower, "auto",
      "files: tls.crt/tls.key in --cert-dir; self: a Secret this service keeps, its CA injected "
@@ -447,6 +462,7 @@ def _add_certs(commands: Any) -> None:
 
 
 def serve_command(args: argparse.Namespace) -> int:
+    from .backends.kai import KaiSettings
     from .metrics.auth import AuthSettings
     from .server import logs
     from .server.app import Limits
@@ -491,6 +507,7 @@ def serve_command(args: argparse.Namespace) -> int:
             "volcano": args.volcano_schedulers,
             "kai": args.kai_schedulers,
         },
+        kai=KaiSettings(args.kai_default_queue, args.kai_topology),
         certs=CertSettings(
             mode=args.cert_management,
             secret_name=args.cert_secret_name,

@@ -11,7 +11,7 @@ from typing import Any
 
 import jsonpatch
 
-from ..backends.base import Context, Defaulting, GangBackend, Kind
+from ..backends.base import Context, Defaulting, GangBackend, Kind, expresses
 from ..core import defaults, kueue
 from ..core import errors as fe
 from ..core.errors import FieldError, Path
@@ -267,6 +267,8 @@ def mutate_pod_review(review: Review, cache: Cache) -> Decision:
         return Decision(warnings=[detail])
     if cache.foreign(backend, plan.trainjob_uid) is not None:
         return Decision(note="not tied to a gang: another controller schedules this TrainJob")
+    if not expresses(backend, plan):
+        return Decision(note=f"not tied to a gang: the {backend.name} backend has no trees")
     if plan.composites and any(
         cache.kind_states.get(k) == "not-served" for k in backend.kinds if k.optional
     ):

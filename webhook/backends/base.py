@@ -190,6 +190,12 @@ class Defaulting(Protocol):
 # --- what backends share ---------------------------------------------------------------------
 
 
+def expresses(backend: GangBackend, plan: Plan) -> bool:
+    """Whether the backend can make what the plan needs: a tree (levels combined) needs
+    CompositePodGroups, which only some backends have."""
+    return not plan.composites or any(k.kind == "CompositePodGroup" for k in backend.kinds)
+
+
 def owner_labels(plan: Plan) -> dict[str, str]:
     """Labels that mark this service's objects and let a watch select one TrainJob's."""
     return {MANAGED_BY_LABEL: MANAGED_BY, TRAINJOB_LABEL: plan.trainjob_name}

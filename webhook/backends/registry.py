@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from ..core.plan import Plan
 from ..core.trainer import DEFAULT_SCHEDULER
 from .base import GangBackend, Kind
+from .kai import KaiBackend, KaiSettings
 from .native import NativeBackend
 
 DEFAULT_SCHEDULERS: Mapping[str, tuple[str, ...]] = {
@@ -70,18 +71,20 @@ class Backends:
         return tuple(b.name for b in self.backends)
 
 
-def all_backends() -> tuple[GangBackend, ...]:
-    return (NativeBackend(),)
+def all_backends(kai: KaiSettings | None = None) -> tuple[GangBackend, ...]:
+    return (NativeBackend(), KaiBackend(kai))
 
 
 def default_backends(
     schedulers: Mapping[str, Sequence[str]] | None = None,
     enabled: Sequence[str] | None = None,
+    *,
+    kai: KaiSettings | None = None,
 ) -> Backends:
     """The backends to run: all, or those `enabled` names (a cluster without a scheduler need
     not grant the RBAC for its objects), answering to the default scheduler names or
-    `schedulers`. Raises ValueError for a name no backend has."""
-    known = all_backends()
+    `schedulers`, each with its own settings. Raises ValueError for a name no backend has."""
+    known = all_backends(kai)
     names = [b.name for b in known]
     unknown = sorted(set(enabled or ()) - set(names))
     if unknown:

@@ -153,7 +153,11 @@ class BackendApiWatch:
             log.info(f"{version} {kinds} are served: the {backend.name} gang backend is on")
             return
         hint = HINTS.get(backend.name, "is its CRD installed?")
-        log.error(
+        # The Workload API is what the service is for; another scheduler's missing CRDs are
+        # what most clusters look like (a TrainJob that names it hears so at apply and in an
+        # Event), so not an error.
+        report = log.error if backend.name == "native" else log.info
+        report(
             f"{version} {kinds} are not served ({hint}): {backend.name} gang scheduling is "
             "unavailable; TrainJobs whose pods name its scheduler get no gang objects and "
             "their pods are not tied to one"

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from kubernetes.aio.client.exceptions import ApiException
 
-from ..backends.base import Context, Drift, GangBackend, Kind, is_managed
+from ..backends.base import Context, Drift, GangBackend, Kind, expresses, is_managed
 from ..core.fields import parse
 from ..core.lifecycle import is_finished, no_gang_reason
 from ..core.ownership import controlled_by, controller_ref, is_trainjob_ref
@@ -310,6 +310,13 @@ class Reconciler:
         TrainJob no longer needs, of any backend (children first)."""
         uid = plan.trainjob_uid
         context = Context.of(trainjob)
+        if not expresses(backend, plan):  # admission denies this; a runtime edited since may not
+            note = (
+                f"its runtime combines levels into a tree of groups of groups, which the "
+                f"{backend.name} gang backend cannot express: no gang"
+            )
+            self.events.record(trainjob, "Warning", "GangKindUnavailable", "Reconcile", note)
+            return DONE
         needed = {obj.get("kind") for obj in backend.render(plan, context)}
         missing = [k for k in backend.kinds if k.kind in needed and not self.cache.kind_served(k)]
         if missing:

@@ -24,6 +24,7 @@ from typing import Any
 from kubernetes.aio.client import ApiClient
 
 from ..backends.base import GangBackend
+from ..backends.kai import KaiSettings
 from ..backends.registry import default_backends
 from ..kube.cache import Cache, GangApi, Store
 from ..kube.client import connect, informers, kind_informers
@@ -84,6 +85,7 @@ class Settings:
     schedulers: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: {})
     """Scheduler names per gang backend; a backend not named keeps its defaults."""
     backends: tuple[str, ...] | None = None  # the gang backends to run; None: all
+    kai: KaiSettings = field(default_factory=KaiSettings)  # the KAI backend's queue and topology
 
 
 def _server(app: Any, settings: Settings, port: int, **extra: Any) -> QuietServer:
@@ -309,7 +311,7 @@ async def serve(settings: Settings) -> None:
     lease = lease_settings(settings, me) if r.enabled and r.leader_elect else None
     metrics = Metrics()
     try:
-        backends = default_backends(settings.schedulers, settings.backends)
+        backends = default_backends(settings.schedulers, settings.backends, kai=settings.kai)
     except ValueError as err:
         raise StartupError(f"gang backends: {err}") from None
     try:
