@@ -17,6 +17,7 @@ from typing import Any, TextIO
 import yaml
 
 from .backends.base import GangBackend
+from .backends.volcano import VolcanoSettings, parse_tiers
 from .core import errors as fe
 from .core.errors import Path
 from .core.fields import parse
@@ -329,6 +330,8 @@ _SERVE_OPTIONS: list[tuple[str, str, Any, str, str]] = [
      "scheduler names whose TrainJobs get scheduler-plugins (Coscheduling) PodGroups"),
     ("--volcano-schedulers", "VOLCANO_SCHEDULERS", _names, "volcano",
      "scheduler names whose TrainJobs get Volcano PodGroups"),
+    ("--volcano-topology-tiers", "VOLCANO_TOPOLOGY_TIERS", parse_tiers, "",
+     "topology-key=tier pairs: the HyperNode tier a Volcano gang of that key may span at most"),
     ("--kai-schedulers", "KAI_SCHEDULERS", _names, "kai-scheduler",
      "scheduler names whose TrainJobs get KAI Scheduler PodGroups"),
     ("--log-level", "LOG_LEVEL", str.lower, "info", "debug, info, warning or error"),
@@ -372,6 +375,8 @@ def _add_serve(commands: Any, config: dict[str, Any]) -> None:
         value = config.get(flag[2:], default)
         if isinstance(value, list):
             value = ",".join(str(v) for v in value)
+        elif isinstance(value, dict):  # a table, such as --volcano-topology-tiers
+            value = ",".join(f"{k}={v}" for k, v in value.items())
         extra: dict[str, Any] = {}
         if flag in _CHOICES:
             extra["choices"] = _CHOICES[flag]
@@ -472,6 +477,7 @@ def serve_command(args: argparse.Namespace) -> int:
             "volcano": args.volcano_schedulers,
             "kai": args.kai_schedulers,
         },
+        volcano=VolcanoSettings(topology_tiers=args.volcano_topology_tiers),
         certs=CertSettings(
             mode=args.cert_management,
             secret_name=args.cert_secret_name,

@@ -15,6 +15,7 @@ from ..core.plan import Plan
 from ..core.trainer import DEFAULT_SCHEDULER
 from .base import GangBackend, Kind
 from .native import NativeBackend
+from .volcano import VolcanoBackend, VolcanoSettings
 
 DEFAULT_SCHEDULERS: Mapping[str, tuple[str, ...]] = {
     "native": (DEFAULT_SCHEDULER,),
@@ -70,12 +71,16 @@ class Backends:
         return tuple(b.name for b in self.backends)
 
 
-def all_backends() -> tuple[GangBackend, ...]:
-    return (NativeBackend(),)
+def all_backends(*, volcano: VolcanoSettings | None = None) -> tuple[GangBackend, ...]:
+    return (NativeBackend(), VolcanoBackend(volcano))
 
 
-def default_backends(schedulers: Mapping[str, Sequence[str]] | None = None) -> Backends:
+def default_backends(
+    schedulers: Mapping[str, Sequence[str]] | None = None,
+    *,
+    volcano: VolcanoSettings | None = None,
+) -> Backends:
     chosen = dict(DEFAULT_SCHEDULERS)
     for name, names in (schedulers or {}).items():
         chosen[name] = tuple(names)
-    return Backends(all_backends(), chosen)
+    return Backends(all_backends(volcano=volcano), chosen)

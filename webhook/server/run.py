@@ -25,6 +25,7 @@ from kubernetes.aio.client import ApiClient
 
 from ..backends.base import GangBackend
 from ..backends.registry import default_backends
+from ..backends.volcano import VolcanoSettings
 from ..kube.cache import Cache, GangApi, Store
 from ..kube.client import backend_informers, connect, informers
 from ..kube.discovery import BackendApiWatch
@@ -83,6 +84,7 @@ class Settings:
     certs: CertSettings = field(default_factory=CertSettings)  # files (cert_dir) or self-managed
     schedulers: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: {})
     """Scheduler names per gang backend; a backend not named keeps its defaults."""
+    volcano: VolcanoSettings = field(default_factory=VolcanoSettings)
 
 
 def _server(app: Any, settings: Settings, port: int, **extra: Any) -> QuietServer:
@@ -308,7 +310,7 @@ async def serve(settings: Settings) -> None:
     lease = lease_settings(settings, me) if r.enabled and r.leader_elect else None
     metrics = Metrics()
     try:
-        backends = default_backends(settings.schedulers)
+        backends = default_backends(settings.schedulers, volcano=settings.volcano)
     except ValueError as err:
         raise StartupError(f"gang backends: {err}") from None
     try:
