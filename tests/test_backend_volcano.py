@@ -47,6 +47,7 @@ from webhook.backends.volcano import (
     pod_group_drift,
     pod_group_status,
 )
+from webhook.cli import build_parser
 from webhook.core.plan import Plan, build_plan
 from webhook.core.trainer import Runtime, TrainJob
 from webhook.core.validation import validate_runtime, validate_trainjob
@@ -224,6 +225,24 @@ def test_the_tier_table_parses_from_the_flag() -> None:
     for bad in ("zone", "zone=", "=2", "zone=-1", "zone=two", "zone=²"):
         with pytest.raises(ValueError):
             parse_tiers(bad)
+
+
+def test_the_tiers_come_from_the_flag_the_environment_or_the_config_file(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def tiers(argv: list[str], config: dict[str, object] | None = None) -> Any:
+        return build_parser(config or {}).parse_args(["serve", *argv]).volcano_topology_tiers
+
+    assert tiers([]) == {}
+    assert tiers(["--volcano-topology-tiers", f"{ZONE}=2"]) == {ZONE: 2}
+    assert tiers([], {"volcano-topology-tiers": {ZONE: 3, "example.com/rack": 1}}) == {
+        ZONE: 3,
+        "example.com/rack": 1,
+    }  # a YAML mapping in the file
+    monkeypatch.setenv("WEBHOOK_VOLCANO_TOPOLOGY_TIERS", "example.com/rack=1")
+    assert tiers([]) == {"example.com/rack": 1}
+    with pytest.raises(SystemExit):
+        tiers(["--volcano-topology-tiers", "zone"])
 
 
 # --- every object against the published CRD ----------------------------------------------------

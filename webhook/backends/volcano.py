@@ -105,9 +105,10 @@ def queue_of(context: Context) -> str:
     return context.labels.get(QUEUE_KEY) or context.annotations.get(QUEUE_KEY) or DEFAULT_QUEUE
 
 
-def _several(group: GroupPlan) -> bool:
-    """Whether the group's pods carry their ReplicatedJob as Volcano task."""
-    return len(group.replicated_jobs) > 1
+def _per_task(group: GroupPlan) -> bool:
+    """Whether the group counts its pods per ReplicatedJob (a gang of several), so that its pods
+    carry their ReplicatedJob as Volcano task."""
+    return group.policy == "gang" and len(group.replicated_jobs) > 1
 
 
 # --- rendering -------------------------------------------------------------------------------
@@ -116,12 +117,14 @@ def _several(group: GroupPlan) -> bool:
 def pod_group(
     plan: Plan, group: GroupPlan, context: Context, settings: VolcanoSettings
 ) -> JsonObject:
-    meta = metadata(plan, group.pod_group_name)
-    meta["annotations"] = {POLICY_ANNOTATION: group.policy}
+    meta = {
+        "annotations": {POLICY_ANNOTATION: group.policy},
+        **metadata(plan, group.pod_group_name),
+    }
     spec: JsonObject = {"minMember": group.min_count if group.policy == "gang" else 1}
     if group.policy == "gang":
         members = {name: pods for name, pods in group.counted if pods > 0}
-        if _several(group) and members:
+        if _per_task(group) and members:
             spec["minTaskMember"] = members
         if group.min_resources:
             spec["minResources"] = dict(group.min_resources)
@@ -312,7 +315,7 @@ class VolcanoBackend:
 
     def pod_patch(self, pod: JsonObject, plan: Plan, group: GroupPlan) -> list[JsonObject]:
         wanted = {GROUP_NAME_ANNOTATION: group.pod_group_name}
-        if _several(group):
+        if _per_task(group):
             meta = pod.get("metadata")
             labels = meta.get("labels") if isinstance(meta, dict) else None
             job = labels.get(REPLICATED_JOB_NAME) if isinstance(labels, dict) else None
