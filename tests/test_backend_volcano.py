@@ -52,6 +52,8 @@ from webhook.core.plan import Plan, build_plan
 from webhook.core.trainer import Runtime, TrainJob
 from webhook.core.validation import validate_runtime, validate_trainjob
 from webhook.kube.cache import Cache
+from webhook.metrics.gangs import GangTracker
+from webhook.metrics.registry import Metrics
 
 CRD = "scheduling.volcano.sh_podgroups.yaml"
 PODGROUPS = kmock.resource("scheduling.volcano.sh", "v1beta1", "podgroups")
@@ -415,6 +417,35 @@ def test_status_reads_the_phase_and_the_unschedulable_reason(
 ) -> None:
     assert pod_group_status(obj) == expected
     assert VolcanoBackend().status(POD_GROUP, obj) == expected
+
+
+def test_gang_metrics_count_volcano_podgroups_and_time_them_once() -> None:
+    metrics = Metrics()
+    cache = Cache(connected=True)
+    GangTracker(metrics, cache, clock=lambda: 1767225600.0 + 600)
+    store = cache.store(POD_GROUP)
+
+    def pg(name: str, obj: Json) -> Json:
+        labels = {"app.kubernetes.io/managed-by": "trainjob-scheduling-webhook"}
+        meta = {"name": name, "namespace": NS, "uid": name, "labels": labels,
+                "creationTimestamp": "2026-01-01T00:00:00Z", **obj["metadata"]}  # fmt: skip
+        return {**obj, "metadata": meta}
+
+    def sample(name: str, **labels: str) -> float | None:
+        return metrics.registry.get_sample_value(name, {"backend": "volcano", **labels})
+
+    store.replace([pg("full", pg_status("Pending", UNSCHEDULABLE)), pg("init", pg_status(None))])
+    gangs = "trainjob_scheduling_gangs"
+    assert sample(gangs, policy="gang", state="waiting", reason="Unschedulable") == 1
+    assert sample(gangs, policy="gang", state="waiting", reason="NotEvaluated") == 1
+    running = pg_status("Running", UNSCHEDULABLE, SCHEDULED)
+    running["status"]["conditions"][1]["lastTransitionTime"] = "2026-01-01T00:01:30Z"
+    store.apply("MODIFIED", pg("full", running))
+    assert sample(gangs, policy="gang", state="scheduled", reason="Scheduled") == 1
+    seconds = "trainjob_scheduling_gang_time_to_scheduled_seconds"
+    assert sample(f"{seconds}_sum", policy="gang", waited_on="capacity") == 90
+    store.apply("MODIFIED", pg("full", pg_status("Unknown", UNSCHEDULABLE, SCHEDULED)))
+    assert sample(f"{seconds}_count", policy="gang", waited_on="capacity") == 1  # once
 
 
 # --- the pod webhook and TrainJob admission over real HTTPS ---------------------------------------
