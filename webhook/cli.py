@@ -17,6 +17,7 @@ from typing import Any, TextIO
 import yaml
 
 from .backends.base import GangBackend
+from .backends.volcano import VolcanoSettings, parse_tiers
 from .core import errors as fe
 from .core.errors import Path
 from .core.fields import parse
@@ -357,6 +358,8 @@ _SERVE_OPTIONS: list[tuple[str, str, Any, str, str]] = [
      "scheduler names whose TrainJobs get scheduler-plugins (Coscheduling) PodGroups"),
     ("--volcano-schedulers", "VOLCANO_SCHEDULERS", _names, "volcano",
      "scheduler names whose TrainJobs get Volcano PodGroups"),
+    ("--volcano-topology-tiers", "VOLCANO_TOPOLOGY_TIERS", parse_tiers, "",
+     "topology-key=tier pairs: the HyperNode tier a Volcano gang of that key may span at most"),
     ("--kai-schedulers", "KAI_SCHEDULERS", _names, "kai-scheduler",
      "scheduler names whose TrainJobs get KAI Scheduler PodGroups"),
     ("--kai-default-queue", "KAI_DEFAULT_QUEUE", _object_name, "default-queue",
@@ -405,6 +408,8 @@ def _add_serve(commands: Any, config: dict[str, Any]) -> None:
         value = config.get(flag[2:], default)
         if isinstance(value, list):
             value = ",".join(str(v) for v in value)
+        elif isinstance(value, dict):  # a table, such as --volcano-topology-tiers
+            value = ",".join(f"{k}={v}" for k, v in value.items())
         extra: dict[str, Any] = {}
         if flag in _CHOICES:
             extra["choices"] = _CHOICES[flag]
@@ -508,6 +513,7 @@ def serve_command(args: argparse.Namespace) -> int:
             "kai": args.kai_schedulers,
         },
         kai=KaiSettings(args.kai_default_queue, args.kai_topology),
+        volcano=VolcanoSettings(topology_tiers=args.volcano_topology_tiers),
         certs=CertSettings(
             mode=args.cert_management,
             secret_name=args.cert_secret_name,

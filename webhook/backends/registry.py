@@ -16,6 +16,7 @@ from ..core.trainer import DEFAULT_SCHEDULER
 from .base import GangBackend, Kind
 from .kai import KaiBackend, KaiSettings
 from .native import NativeBackend
+from .volcano import VolcanoBackend, VolcanoSettings
 
 DEFAULT_SCHEDULERS: Mapping[str, tuple[str, ...]] = {
     "native": (DEFAULT_SCHEDULER,),
@@ -71,8 +72,11 @@ class Backends:
         return tuple(b.name for b in self.backends)
 
 
-def all_backends(kai: KaiSettings | None = None) -> tuple[GangBackend, ...]:
-    return (NativeBackend(), KaiBackend(kai))
+def all_backends(
+    *, kai: KaiSettings | None = None, volcano: VolcanoSettings | None = None
+) -> tuple[GangBackend, ...]:
+    """Every backend there is, each with its settings (their defaults when not given)."""
+    return (NativeBackend(), VolcanoBackend(volcano), KaiBackend(kai))
 
 
 def default_backends(
@@ -80,11 +84,12 @@ def default_backends(
     enabled: Sequence[str] | None = None,
     *,
     kai: KaiSettings | None = None,
+    volcano: VolcanoSettings | None = None,
 ) -> Backends:
     """The backends to run: all, or those `enabled` names (a cluster without a scheduler need
     not grant the RBAC for its objects), answering to the default scheduler names or
     `schedulers`, each with its own settings. Raises ValueError for a name no backend has."""
-    known = all_backends(kai)
+    known = all_backends(kai=kai, volcano=volcano)
     names = [b.name for b in known]
     unknown = sorted(set(enabled or ()) - set(names))
     if unknown:

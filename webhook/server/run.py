@@ -26,6 +26,7 @@ from kubernetes.aio.client import ApiClient
 from ..backends.base import GangBackend
 from ..backends.kai import KaiSettings
 from ..backends.registry import default_backends
+from ..backends.volcano import VolcanoSettings
 from ..kube.cache import Cache, GangApi, Store
 from ..kube.client import connect, informers, kind_informers
 from ..kube.discovery import BackendApiWatch
@@ -86,6 +87,7 @@ class Settings:
     """Scheduler names per gang backend; a backend not named keeps its defaults."""
     backends: tuple[str, ...] | None = None  # the gang backends to run; None: all
     kai: KaiSettings = field(default_factory=KaiSettings)  # the KAI backend's queue and topology
+    volcano: VolcanoSettings = field(default_factory=VolcanoSettings)  # its topology tiers
 
 
 def _server(app: Any, settings: Settings, port: int, **extra: Any) -> QuietServer:
@@ -311,7 +313,9 @@ async def serve(settings: Settings) -> None:
     lease = lease_settings(settings, me) if r.enabled and r.leader_elect else None
     metrics = Metrics()
     try:
-        backends = default_backends(settings.schedulers, settings.backends, kai=settings.kai)
+        backends = default_backends(
+            settings.schedulers, settings.backends, kai=settings.kai, volcano=settings.volcano
+        )
     except ValueError as err:
         raise StartupError(f"gang backends: {err}") from None
     try:
