@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from ..core.plan import Plan
 from ..core.trainer import DEFAULT_SCHEDULER
 from .base import GangBackend, Kind
+from .coscheduling import CoschedulingBackend
 from .native import NativeBackend
 
 DEFAULT_SCHEDULERS: Mapping[str, tuple[str, ...]] = {
@@ -71,11 +72,16 @@ class Backends:
 
 
 def all_backends() -> tuple[GangBackend, ...]:
-    return (NativeBackend(),)
+    return (NativeBackend(), CoschedulingBackend())
 
 
-def default_backends(schedulers: Mapping[str, Sequence[str]] | None = None) -> Backends:
+def default_backends(
+    schedulers: Mapping[str, Sequence[str]] | None = None,
+    configured: Sequence[GangBackend] = (),
+) -> Backends:
+    """Every backend, with its default settings unless `configured` holds one of its name."""
     chosen = dict(DEFAULT_SCHEDULERS)
     for name, names in (schedulers or {}).items():
         chosen[name] = tuple(names)
-    return Backends(all_backends(), chosen)
+    given = {b.name: b for b in configured}
+    return Backends(tuple(given.get(b.name, b) for b in all_backends()), chosen)
