@@ -263,8 +263,16 @@ def _at_least_zero(text: str) -> float:
     return value
 
 
+def _int32_seconds(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 2**31 - 1:
+        raise ValueError(text)
+    return value
+
+
 _port.__name__ = "port (1-65535)"
 _at_least_zero.__name__ = "number >= 0"
+_int32_seconds.__name__ = "seconds (0-2147483647)"
 
 
 # flag, environment variable (after WEBHOOK_), type, default, help
@@ -327,6 +335,12 @@ _SERVE_OPTIONS: list[tuple[str, str, Any, str, str]] = [
     ("--coscheduling-schedulers", "COSCHEDULING_SCHEDULERS", _names,
      "scheduler-plugins-scheduler,slurm-bridge-scheduler",
      "scheduler names whose TrainJobs get scheduler-plugins (Coscheduling) PodGroups"),
+    ("--coscheduling-schedule-timeout", "COSCHEDULING_SCHEDULE_TIMEOUT", _int32_seconds, "60",
+     "a Coscheduling PodGroup's scheduleTimeoutSeconds (0: the scheduler's own default)"),
+    ("--coscheduling-affinity-schedulers", "COSCHEDULING_AFFINITY_SCHEDULERS", _names,
+     "scheduler-plugins-scheduler",
+     "Coscheduling schedulers whose gangs get their topology as required pod affinity (not "
+     "Slurm Bridge: Slurm chooses its nodes)"),
     ("--volcano-schedulers", "VOLCANO_SCHEDULERS", _names, "volcano",
      "scheduler names whose TrainJobs get Volcano PodGroups"),
     ("--kai-schedulers", "KAI_SCHEDULERS", _names, "kai-scheduler",
@@ -429,6 +443,7 @@ def _add_certs(commands: Any) -> None:
 
 
 def serve_command(args: argparse.Namespace) -> int:
+    from .backends.coscheduling import CoschedulingBackend
     from .metrics.auth import AuthSettings
     from .server import logs
     from .server.app import Limits
@@ -472,6 +487,11 @@ def serve_command(args: argparse.Namespace) -> int:
             "volcano": args.volcano_schedulers,
             "kai": args.kai_schedulers,
         },
+        backends=(
+            CoschedulingBackend(
+                args.coscheduling_schedule_timeout, args.coscheduling_affinity_schedulers
+            ),
+        ),
         certs=CertSettings(
             mode=args.cert_management,
             secret_name=args.cert_secret_name,

@@ -83,6 +83,8 @@ class Settings:
     certs: CertSettings = field(default_factory=CertSettings)  # files (cert_dir) or self-managed
     schedulers: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: {})
     """Scheduler names per gang backend; a backend not named keeps its defaults."""
+    backends: tuple[GangBackend, ...] = ()
+    """Gang backends made with the flags' settings; any other keeps its default settings."""
 
 
 def _server(app: Any, settings: Settings, port: int, **extra: Any) -> QuietServer:
@@ -308,7 +310,7 @@ async def serve(settings: Settings) -> None:
     lease = lease_settings(settings, me) if r.enabled and r.leader_elect else None
     metrics = Metrics()
     try:
-        backends = default_backends(settings.schedulers)
+        backends = default_backends(settings.schedulers, settings.backends)
     except ValueError as err:
         raise StartupError(f"gang backends: {err}") from None
     try:
