@@ -184,7 +184,10 @@ def pod_group_label(pod: Mapping[str, Any]) -> Any:
 def pod_group_status(obj: Mapping[str, Any]) -> GangStatus:
     status = obj.get("status")
     phase = status.get("phase") if isinstance(status, dict) else None
-    phase = phase if isinstance(phase, str) else ""
+    if phase is None:
+        phase = ""
+    if not isinstance(phase, str):
+        return GangStatus("gang", False, "Other")
     if phase in _SCHEDULED:
         return GangStatus("gang", True, "Scheduled")
     return GangStatus("gang", False, _WAITING.get(phase, "Other"))
@@ -246,13 +249,13 @@ class CoschedulingBackend:
         for key in sorted(k for k in gang_keys if k):
             if self.enforces_topology(plan):
                 warnings.append(
-                    f"Coscheduling: topology {key} becomes required pod affinity; the first pod "
-                    "of a gang picks the domain"
+                    f"Coscheduling: topology {key} becomes required pod affinity; a gang's "
+                    "first pod picks the domain"
                 )
             else:
                 warnings.append(
-                    f"Coscheduling: topology {key} is not enforced with {plan.scheduler_name} "
-                    "(PodGroups have no topology)"
+                    f"Coscheduling: {plan.scheduler_name} does not enforce topology {key} "
+                    "(PodGroups have none)"
                 )
         for key in sorted(k for k in basic_keys if k):
             warnings.append(
