@@ -686,7 +686,10 @@ async def test_serve_is_ready_once_it_may_and_the_bundle_is_in(
     assert proc.process.returncode == 0
     assert list(scratch.iterdir()) == []  # removed on the way out
     lines = proc.log_lines()
-    errors = [line for line in lines if line["level"] == "error"]
+    # Discovery's errors (gang APIs whose CRDs this emulator lacks) are not this test's.
+    errors = [
+        line for line in lines if line["level"] == "error" and line["logger"] != "webhook.discovery"
+    ]
     assert len(errors) == 1, errors
     assert errors[0]["msg"].startswith(f'forbidden to get secrets "{SECRET}" in namespace "{NS}"')
     assert "verbs: [get, watch, update]" in errors[0]["rbac"]
