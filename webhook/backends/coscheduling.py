@@ -1,6 +1,6 @@
 """The Coscheduling backend: scheduler-plugins' `scheduling.x-k8s.io/v1alpha1` PodGroup, which
 the Coscheduling plugin (a second scheduler, `scheduler-plugins-scheduler`) and Slinky's Slurm
-Bridge (`slurm-bridge-scheduler`) both schedule. Nobody else creates these PodGroups for us.
+Bridge (`slurm-bridge-scheduler`) both schedule. Nothing makes them automatically: we do.
 
 * One PodGroup per gang of the plan, named as the plan names it: `minMember` = the gang's
   minCount, `minResources` = what those pods request together (`GroupPlan.min_resources`),
