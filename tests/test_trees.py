@@ -224,6 +224,32 @@ def test_a_ready_dependency_between_children_joins_the_gang_of_groups_later() ->
     assert root.min_group_count == 1 and root.joins_later == (launcher.template_name,)
 
 
+def test_a_child_whose_late_joiners_wait_for_a_sibling_still_counts() -> None:
+    """InOrder node, launcher, dataset-initializer: the launcher's group waits for node Ready,
+    and the second group's dataset-initializer for the launcher, but that group's gang waits
+    only for node. So it counts, the launcher joins later: minGroupCount 1 (hypothesis found
+    the 0 the API refuses)."""
+    raw = runtime(
+        torch_node(replicas=1),
+        rj("launcher"),
+        rj("dataset-initializer", ancestor="dataset-initializer"),
+        scheduling={
+            "schedulingPolicy": {"gang": {}},
+            "replicatedJobs": [
+                {"targetReplicatedJobs": ["launcher"]},
+                {"targetReplicatedJobs": ["node", "dataset-initializer"]},
+            ],
+        },
+    )
+    raw["spec"]["template"]["spec"]["startupPolicy"] = {"startupPolicyOrder": "InOrder"}
+    plan = plan_of(raw)
+    (root,) = plan.composites
+    launcher, pair = plan.groups
+    assert pair.joins_later == ("dataset-initializer",)
+    assert root.min_group_count == 1 and root.joins_later == (launcher.template_name,)
+    rendered(plan)
+
+
 def test_the_apis_limits_on_a_tree_are_admission_errors() -> None:
     (err,) = validate_runtime(tpu_slices(slices=9)).errors
     assert err.path == "spec.scheduling.replicatedJobs[0].targetReplicatedJobs"

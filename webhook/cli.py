@@ -288,9 +288,17 @@ def _object_name(text: str) -> str:
     return text
 
 
+def _int32_seconds(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 2**31 - 1:
+        raise ValueError(text)
+    return value
+
+
 _port.__name__ = "port (1-65535)"
 _at_least_zero.__name__ = "number >= 0"
 _object_name.__name__ = "object name (a DNS subdomain) or empty"
+_int32_seconds.__name__ = "seconds (0-2147483647)"
 
 
 # flag, environment variable (after WEBHOOK_), type, default, help
@@ -356,6 +364,12 @@ _SERVE_OPTIONS: list[tuple[str, str, Any, str, str]] = [
     ("--coscheduling-schedulers", "COSCHEDULING_SCHEDULERS", _names,
      "scheduler-plugins-scheduler,slurm-bridge-scheduler",
      "scheduler names whose TrainJobs get scheduler-plugins (Coscheduling) PodGroups"),
+    ("--coscheduling-schedule-timeout", "COSCHEDULING_SCHEDULE_TIMEOUT", _int32_seconds, "60",
+     "a Coscheduling PodGroup's scheduleTimeoutSeconds (0: the scheduler's own default)"),
+    ("--coscheduling-affinity-schedulers", "COSCHEDULING_AFFINITY_SCHEDULERS", _names,
+     "scheduler-plugins-scheduler",
+     "Coscheduling schedulers whose gangs get their topology as required pod affinity (not "
+     "Slurm Bridge: Slurm chooses its nodes)"),
     ("--volcano-schedulers", "VOLCANO_SCHEDULERS", _names, "volcano",
      "scheduler names whose TrainJobs get Volcano PodGroups"),
     ("--volcano-topology-tiers", "VOLCANO_TOPOLOGY_TIERS", parse_tiers, "",
@@ -467,6 +481,7 @@ def _add_certs(commands: Any) -> None:
 
 
 def serve_command(args: argparse.Namespace) -> int:
+    from .backends.coscheduling import CoschedulingSettings
     from .backends.kai import KaiSettings
     from .metrics.auth import AuthSettings
     from .server import logs
@@ -514,6 +529,9 @@ def serve_command(args: argparse.Namespace) -> int:
         },
         kai=KaiSettings(args.kai_default_queue, args.kai_topology),
         volcano=VolcanoSettings(topology_tiers=args.volcano_topology_tiers),
+        coscheduling=CoschedulingSettings(
+            args.coscheduling_schedule_timeout, frozenset(args.coscheduling_affinity_schedulers)
+        ),
         certs=CertSettings(
             mode=args.cert_management,
             secret_name=args.cert_secret_name,

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from ..core.plan import Plan
 from ..core.trainer import DEFAULT_SCHEDULER
 from .base import GangBackend, Kind
+from .coscheduling import CoschedulingBackend, CoschedulingSettings
 from .kai import KaiBackend, KaiSettings
 from .native import NativeBackend
 from .volcano import VolcanoBackend, VolcanoSettings
@@ -73,23 +74,32 @@ class Backends:
 
 
 def all_backends(
-    *, kai: KaiSettings | None = None, volcano: VolcanoSettings | None = None
+    *,
+    coscheduling: CoschedulingSettings | None = None,
+    kai: KaiSettings | None = None,
+    volcano: VolcanoSettings | None = None,
 ) -> tuple[GangBackend, ...]:
     """Every backend there is, each with its settings (their defaults when not given)."""
-    return (NativeBackend(), VolcanoBackend(volcano), KaiBackend(kai))
+    return (
+        NativeBackend(),
+        CoschedulingBackend(coscheduling),
+        VolcanoBackend(volcano),
+        KaiBackend(kai),
+    )
 
 
 def default_backends(
     schedulers: Mapping[str, Sequence[str]] | None = None,
     enabled: Sequence[str] | None = None,
     *,
+    coscheduling: CoschedulingSettings | None = None,
     kai: KaiSettings | None = None,
     volcano: VolcanoSettings | None = None,
 ) -> Backends:
     """The backends to run: all, or those `enabled` names (a cluster without a scheduler need
     not grant the RBAC for its objects), answering to the default scheduler names or
     `schedulers`, each with its own settings. Raises ValueError for a name no backend has."""
-    known = all_backends(kai=kai, volcano=volcano)
+    known = all_backends(coscheduling=coscheduling, kai=kai, volcano=volcano)
     names = [b.name for b in known]
     unknown = sorted(set(enabled or ()) - set(names))
     if unknown:

@@ -417,8 +417,11 @@ def _with_children(
     groups never holds a group that can only start once another of them has finished."""
     members = {c: _child_targets(c, b) for c in children}
     deferred: list[Child] = []
-    for child, targets in members.items():
+    for child, all_targets in members.items():
         others = b.order.of(t for c, ts in members.items() if c != child for t in ts)
+        # A child counts as admitted once its own gang is: only the pods that gang waits for
+        # matter here (its late joiners may wait for a sibling; they join after it).
+        targets = _admitted_with(child, b) or all_targets
         waits = [b.order.ancestors(t) & others for t in targets]
         if composite.policy != "gang" or not any(waits):
             continue
@@ -462,6 +465,14 @@ def _child_targets(child: Child, b: _Builder) -> tuple[str, ...]:
     if isinstance(child, int):
         return b.groups[child].targets
     return next(c.targets for c in b.composites if c.key == child)
+
+
+def _admitted_with(child: Child, b: _Builder) -> tuple[str, ...]:
+    """The ReplicatedJobs whose pods must be there for `child` to be admitted."""
+    if isinstance(child, int):
+        return b.groups[child].counted
+    nested = next(c for c in b.composites if c.key == child)
+    return tuple(t for t in nested.targets if t in _counted_targets(nested, b))
 
 
 def _counted_targets(composite: CompositeLayout, b: _Builder) -> frozenset[str]:

@@ -24,6 +24,7 @@ from typing import Any
 from kubernetes.aio.client import ApiClient
 
 from ..backends.base import GangBackend
+from ..backends.coscheduling import CoschedulingSettings
 from ..backends.kai import KaiSettings
 from ..backends.registry import default_backends
 from ..backends.volcano import VolcanoSettings
@@ -88,6 +89,7 @@ class Settings:
     backends: tuple[str, ...] | None = None  # the gang backends to run; None: all
     kai: KaiSettings = field(default_factory=KaiSettings)  # the KAI backend's queue and topology
     volcano: VolcanoSettings = field(default_factory=VolcanoSettings)  # its topology tiers
+    coscheduling: CoschedulingSettings = field(default_factory=CoschedulingSettings)
 
 
 def _server(app: Any, settings: Settings, port: int, **extra: Any) -> QuietServer:
@@ -314,7 +316,11 @@ async def serve(settings: Settings) -> None:
     metrics = Metrics()
     try:
         backends = default_backends(
-            settings.schedulers, settings.backends, kai=settings.kai, volcano=settings.volcano
+            settings.schedulers,
+            settings.backends,
+            coscheduling=settings.coscheduling,
+            kai=settings.kai,
+            volcano=settings.volcano,
         )
     except ValueError as err:
         raise StartupError(f"gang backends: {err}") from None
