@@ -54,6 +54,7 @@ from tests.kube_emulator import (
     Json,
     Key,
     VersionedEmulator,
+    declare_backend_resources,
     declare_composite_resources,
     declare_scheduling_resources,
     declare_service_resources,
@@ -513,7 +514,7 @@ async def rbac_emulator(
     rbac: RBAC, tokens: dict[str, User], admin_token: str
 ) -> AsyncIterator[tuple[RbacEmulator, str]]:
     """An `RbacEmulator` on a port and its URL, serving what `emulator(composites=True)` serves
-    (CompositePodGroups too); its own test
+    (CompositePodGroups too) and every other gang backend's CRDs; its own test
     client (`k.post(...)` and the helpers of tests/kube_emulator.py) sends `admin_token`,
     a `system:masters` user's."""
     tokens = {**tokens, admin_token: User("admin", (MASTERS, AUTHENTICATED))}
@@ -522,6 +523,7 @@ async def rbac_emulator(
         declare_service_resources(k)
         declare_scheduling_resources(k)
         declare_composite_resources(k)
+        declare_backend_resources(k, ("coscheduling", "volcano", "kai"))
         install_reviews(k)
         server.client.headers["Authorization"] = f"Bearer {admin_token}"
         yield k, str(server.url).rstrip("/")

@@ -633,6 +633,32 @@ def _flat(role: Json) -> set[tuple[str, str, str, str]]:
     }
 
 
+def test_backend_settings_become_the_services_flags() -> None:
+    args = build_parser().parse_args(["serve", *render({}).args])
+    assert args.backends == ("native", "coscheduling", "volcano", "kai")  # all, by default
+    assert args.coscheduling_schedule_timeout == 60 and args.volcano_topology_tiers == {}
+    given = {
+        "native": {"schedulers": ["default-scheduler", "second-scheduler"]},
+        "coscheduling": {"scheduleTimeoutSeconds": 0, "affinitySchedulers": []},
+        "volcano": {"topologyTiers": {"topology.kubernetes.io/zone": 2, "example.com/rack": 1}},
+        "kai": {"schedulers": ["kai"], "defaultQueue": "", "topology": "racks"},
+    }
+    args = build_parser().parse_args(["serve", *render({"serve": given}).args])
+    assert args.native_schedulers == ("default-scheduler", "second-scheduler")
+    assert (args.coscheduling_schedule_timeout, args.coscheduling_affinity_schedulers) == (0, ())
+    assert args.volcano_topology_tiers == {"topology.kubernetes.io/zone": 2, "example.com/rack": 1}
+    assert (args.kai_schedulers, args.kai_default_queue, args.kai_topology) == (
+        ("kai",), "", "racks",
+    )  # fmt: skip
+    for bad in (
+        {"volcano": {"topologyTiers": {"k": -1}}},
+        {"kai": {"defaultQueue": "Not_A_Name"}},
+        {"native": {"schedulers": []}},
+        {"coscheduling": {"scheduleTimeoutSeconds": 2**31}},
+    ):
+        assert "values don't meet the specifications of the schema" in refused({"serve": bad})
+
+
 @pytest.mark.parametrize("name", [b.name for b in all_backends()])
 def test_each_backend_gets_the_rbac_it_declares_and_only_when_run(name: str) -> None:
     rendered = render({"serve": {"backends": [name]}})

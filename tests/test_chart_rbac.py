@@ -2,11 +2,12 @@
 Deployment's flags and its ServiceAccount's token, against the API emulator enforcing the
 rendered ClusterRoles, Roles and bindings (tests/kube_rbac.py), through what a cluster does to
 it: certificate creation and caBundle injection, leader election, TrainJobs created, drifted,
-suspended, resumed, finished and deleted, a gang of gangs made and repaired, a damaged
-certificate Secret, scrapes by an allowed, a foreign and an anonymous client, the `helm test`
-scripts and the pre-delete hook. Nothing the service, the scraper or the hook does is refused,
-and every rule and every verb of the chart's RBAC is needed: without any one of them, a request
-the run made would have been refused."""
+suspended, resumed, finished and deleted, a gang of gangs made and repaired, every other
+backend's PodGroup made, repaired and removed, a damaged certificate Secret, scrapes by an
+allowed, a foreign and an anonymous client, the `helm test` scripts and the pre-delete hook.
+Nothing the service, the scraper or the hook does is refused, and every rule and every verb of
+the chart's RBAC is needed: without any one of them, a request the run made would have been
+refused."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
+import kmock
 import pytest
 import yaml
 from cryptography import x509
@@ -52,6 +54,8 @@ from tests.kube_emulator import (
 from tests.kube_rbac import RBAC, Attributes, RbacEmulator, rbac_emulator, service_account
 from tests.test_metrics_serve import cluster_runtime, trainjob
 from tests.test_trees import zone_block_rack
+from webhook.backends.base import Kind
+from webhook.backends.registry import all_backends
 
 T = TypeVar("T")
 
@@ -349,6 +353,12 @@ def test_the_service_runs_on_the_charts_rbac_alone(tmp_path: Path, rendered: Ren
             api.eventually(remade, "the changed CompositePodGroup made again", served)
             api.run(delete(api.k, TRAINJOBS, ns, "tree-job"))
 
+            # Every other backend the chart runs: its PodGroup made, repaired, and removed on
+            # suspend, for a TrainJob whose pods name its scheduler.
+            for backend in all_backends():
+                if backend.name != "native":
+                    other_backend(api, served, backend.name, backend.kinds[0], ns)
+
             # A damaged Secret is made whole again (update), and the new CA injected.
             secret = api.get(SECRETS, NAMESPACE, SECRET)
             assert secret is not None
@@ -421,6 +431,42 @@ def test_the_service_runs_on_the_charts_rbac_alone(tmp_path: Path, rendered: Ren
         # Every rule, and every verb of every rule, was needed by a request of this run.
         granted = [d.attributes for d in denials if d.allowed]
         _assert_every_rule_and_verb_needed(rendered, granted)
+
+
+SCHEDULER_OF = {"coscheduling": "scheduler-plugins-scheduler", "volcano": "volcano",
+                "kai": "kai-scheduler"}  # fmt: skip
+
+
+def other_backend(api: Cluster, served: ServerProcess, name: str, kind: Kind, ns: str) -> None:
+    rt = cluster_runtime()
+    rt["metadata"]["name"] = f"rt-{name}"
+    for rj in rt["spec"]["template"]["spec"]["replicatedJobs"]:
+        rj["template"]["spec"]["template"]["spec"]["schedulerName"] = SCHEDULER_OF[name]
+    api.run(create(api.k, CLUSTER_RUNTIMES, rt))
+    job = trainjob()
+    job["metadata"]["name"] = f"job-{name}"
+    job["spec"]["runtimeRef"] = {"name": f"rt-{name}", "kind": "ClusterTrainingRuntime"}
+    api.run(create(api.k, TRAINJOBS, job))
+    resource = kmock.resource(kind.group, kind.version, kind.plural)
+
+    def made() -> list[Json]:
+        return api.call(lambda: [
+            copy.deepcopy(o.raw) for key, o in api.k.objects.items()
+            if key[0] == resource and not o.deleted
+        ])  # fmt: skip
+
+    (group,) = api.eventually(made, f"the {name} PodGroup", served)
+    wanted = group["spec"]["minMember"]
+    pg = group["metadata"]["name"]
+    api.run(patch(api.k, resource, ns, pg, {"spec": {"minMember": wanted + 1}}))
+    api.eventually(
+        lambda: (api.get(resource, ns, pg) or {}).get("spec", {}).get("minMember") == wanted,
+        f"the {name} PodGroup's minMember patched back",
+        served,
+    )
+    api.run(patch(api.k, TRAINJOBS, ns, job["metadata"]["name"], {"spec": {"suspend": True}}))
+    api.eventually(lambda: not made(), f"the {name} PodGroup deleted on suspend", served)
+    api.run(delete(api.k, TRAINJOBS, ns, job["metadata"]["name"]))
 
 
 def _token(tmp_path: Path, token: str) -> Path:

@@ -105,6 +105,15 @@ matchExpressions:
 - --watch-namespaces={{ join "," . }}
 {{- end }}
 - --backends={{ join "," $s.backends }}
+- --native-schedulers={{ join "," $s.native.schedulers }}
+- --coscheduling-schedulers={{ join "," $s.coscheduling.schedulers }}
+- --coscheduling-schedule-timeout={{ $s.coscheduling.scheduleTimeoutSeconds }}
+- --coscheduling-affinity-schedulers={{ join "," $s.coscheduling.affinitySchedulers }}
+- --volcano-schedulers={{ join "," $s.volcano.schedulers }}
+- --volcano-topology-tiers={{ range $i, $key := keys $s.volcano.topologyTiers | sortAlpha }}{{ if $i }},{{ end }}{{ $key }}={{ index $s.volcano.topologyTiers $key }}{{ end }}
+- --kai-schedulers={{ join "," $s.kai.schedulers }}
+- --kai-default-queue={{ $s.kai.defaultQueue }}
+- --kai-topology={{ $s.kai.topology }}
 {{- if eq .Values.certManagement "self" }}
 - --cert-management=self
 - --cert-secret-name={{ include "tjs.secretName" . }}
