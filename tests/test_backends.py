@@ -18,14 +18,16 @@ import copy
 from pathlib import Path
 from typing import Any
 
+import kmock
 import orjson
 import pytest
 
 from tests.builders import Json, rj, runtime, torch_node, trainjob
 from tests.harness import fixture, running_server
-from tests.kube_emulator import CLUSTER_RUNTIMES, TRAINJOBS, WORKLOADS, create, eventually
+from tests.kube_emulator import CLUSTER_RUNTIMES, TRAINJOBS, WORKLOADS, create, eventually, patch
 from tests.test_reconciler import (
     DELETE,
+    NAME,
     NS,
     UPDATE,
     WORKLOAD,
@@ -207,6 +209,39 @@ def test_kueue_topology_aware_scheduling_that_contradicts_the_gang_is_a_warning(
         cache_with(rt), tmp_path / "plain", TRAINJOB_PATH, review(trainjob(num_nodes=2))
     )
     assert "warnings" not in response
+
+
+SCHEDULER_OF = {"native": "default-scheduler", "coscheduling": "scheduler-plugins-scheduler",
+                "volcano": "volcano", "kai": "kai-scheduler"}  # fmt: skip
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("backend", list(SCHEDULER_OF))
+async def test_kueue_admits_through_suspend_and_every_backend_follows(backend: str) -> None:
+    """The README's Kueue example: the TrainJob is queued (Kueue's webhook creates it
+    suspended), admitted (resumed), preempted (suspended again), re-admitted. Nothing exists
+    while it waits in the queue, so no gang holds anything Kueue has not granted."""
+    rt = cluster_runtime()
+    for job in rt["spec"]["template"]["spec"]["replicatedJobs"]:
+        pod = job["template"]["spec"]["template"]
+        pod["spec"]["schedulerName"] = SCHEDULER_OF[backend]
+        pod.setdefault("metadata", {})["annotations"] = {
+            "kueue.x-k8s.io/podset-required-topology": "topology.kubernetes.io/zone"
+        }
+    queued = stored_trainjob(suspend=True)
+    queued["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "team-a"}
+    kind = default_backends().named(backend).kinds[-1]  # type: ignore[union-attr]
+    resource = kmock.resource(kind.group, kind.version, kind.plural)
+    async with world(served=(backend,)) as w:
+        await create(w.k, CLUSTER_RUNTIMES, rt)
+        await create(w.k, TRAINJOBS, queued)
+        await asyncio.sleep(0.3)
+        assert objects(w.k, resource) == []  # queued: nothing made
+        for _ in range(2):  # admitted, preempted, admitted again
+            await patch(w.k, TRAINJOBS, NS, NAME, {"spec": {"suspend": False}})
+            await eventually(lambda: objects(w.k, resource), f"the {backend} gang on admission")
+            await patch(w.k, TRAINJOBS, NS, NAME, {"spec": {"suspend": True}})
+            await eventually(lambda: not objects(w.k, resource), "released on preemption")
 
 
 # --- the pod webhook ---------------------------------------------------------------------------

@@ -650,6 +650,7 @@ def test_backend_settings_become_the_services_flags() -> None:
     assert (args.kai_schedulers, args.kai_default_queue, args.kai_topology) == (
         ("kai",), "", "racks",
     )  # fmt: skip
+    bad: Json
     for bad in (
         {"volcano": {"topologyTiers": {"k": -1}}},
         {"kai": {"defaultQueue": "Not_A_Name"}},

@@ -7,7 +7,8 @@ rules; hypothesis checks that any valid multi-level runtime gives a tree in whic
 belongs to exactly one leaf, every gang's count is met by its children, nothing deadlocks, and
 the objects pass. The reconciler builds, repairs, suspends, resumes and removes trees against
 the emulator (parents first, children removed first); without CompositePodGroups served, a
-multi-level runtime is denied with the gate to turn on, and single-level ones work as before.
+multi-level runtime is denied with the gate to turn on, and single-level ones work as before;
+the other backends, which have no trees, deny them and never make them.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import kmock
 import orjson
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
@@ -556,3 +558,41 @@ async def test_without_composite_pod_groups_a_tree_gets_nothing_and_says_why() -
         assert "CompositePodGroups, which the cluster does not serve" in event["note"]
         await asyncio.sleep(0.3)
         assert not objects(w.k, WORKLOADS) and not objects(w.k, POD_GROUPS)
+
+
+# --- trees are the native backend's alone --------------------------------------------------------
+
+OTHER_SCHEDULERS = {"coscheduling": "scheduler-plugins-scheduler", "volcano": "volcano",
+                    "kai": "kai-scheduler"}  # fmt: skip
+
+
+def on_scheduler(raw: Json, scheduler: str) -> Json:
+    raw = copy.deepcopy(raw)
+    for job in raw["spec"]["template"]["spec"]["replicatedJobs"]:
+        job["template"]["spec"]["template"]["spec"]["schedulerName"] = scheduler
+    return raw
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("backend", list(OTHER_SCHEDULERS))
+async def test_another_backends_tree_is_denied_and_never_made(backend: str, tmp_path: Path) -> None:
+    tree = on_scheduler(zone_block_rack(), OTHER_SCHEDULERS[backend])
+    cache = Cache(connected=True)
+    for store in cache.stores:
+        store.replace([])
+    cache.kind_states[COMPOSITE] = "served"
+    with running_server(cache, tmp_path / "certs") as srv, srv.client() as client:
+        body = orjson.dumps(runtime_review(tree))
+        denied = client.post(RUNTIME_PATH, content=body).json()["response"]
+    assert denied["allowed"] is False
+    assert f"which the {backend} gang backend cannot express" in denied["status"]["message"]
+    # Stored all the same (made before this service ran): nothing is made, one Event says why.
+    kind = next(b for b in cache.backends.backends if b.name == backend).kinds[0]
+    resource = kmock.resource(kind.group, kind.version, kind.plural)
+    async with world(served=(backend,), composites=True) as w:
+        await create(w.k, CLUSTER_RUNTIMES, tree | {"metadata": {"name": "rt"}})
+        await create(w.k, TRAINJOBS, tree_trainjob())
+        (event,) = await eventually(lambda: events(w.k, "GangKindUnavailable"), "an Event")
+        assert f"which the {backend} gang backend cannot express" in event["note"]
+        await asyncio.sleep(0.2)
+        assert objects(w.k, resource) == [] and objects(w.k, COMPOSITE_POD_GROUPS) == []
