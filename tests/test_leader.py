@@ -257,7 +257,9 @@ async def test_failing_renewals_cancel_lead_at_the_renew_deadline(
         ("leading", "acquired the lease"),
     ]
     failures = [fields["error"] for message, fields in logged if message == "lease request failed"]
-    assert failures == ["HTTP 500: Internal Server Error"]  # once, not every retry
+    # Once per streak of failures, not every retry (15 failed): on a loaded machine a streak
+    # may be split in two by a lead regained in between.
+    assert set(failures) == {"HTTP 500: Internal Server Error"} and len(failures) <= 2, failures
 
 
 @pytest.mark.asyncio
