@@ -21,6 +21,7 @@ from typing import Any
 import kmock
 import orjson
 import pytest
+import yaml
 
 from tests.builders import Json, rj, runtime, torch_node, trainjob
 from tests.harness import fixture, running_server
@@ -375,3 +376,11 @@ def test_plan_renders_for_the_backend_asked(tmp_path: Path) -> None:
     unknown = subprocess.run([*run, "--backend", "nope"], capture_output=True, text=True,
                              cwd=REPO, check=False)  # fmt: skip
     assert unknown.returncode == 2 and "no backend 'nope'" in unknown.stderr
+    for backend in default_backends().backends:
+        kind = backend.kinds[-1]
+        done = subprocess.run([*run, "--backend", backend.name], capture_output=True, text=True,
+                              cwd=REPO, check=False)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        docs = list(yaml.safe_load_all(done.stdout))
+        assert {(d["apiVersion"], d["kind"]) for d in docs} >= {(kind.group_version, kind.kind)}
+        assert all(d["metadata"]["namespace"] == "team-a" for d in docs)
