@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from tests import reference
 from tests.builders import Json, rj, runtime, torch_node, trainjob
 from tests.crd_schema import crd_errors
-from tests.harness import fixture, running_server, webhook_path
+from tests.harness import running_server, webhook_path
 from tests.kube_emulator import (
     CLUSTER_RUNTIMES,
     POD_GROUPS,
@@ -43,6 +43,7 @@ from tests.kube_emulator import (
     patch,
 )
 from tests.paths import SAMPLES
+from tests.test_backends import pod_review
 from tests.test_informer import serving
 from tests.test_properties import runtimes, trainjobs
 from tests.test_reconciler import (
@@ -464,13 +465,6 @@ def test_warnings_stay_short_with_long_names() -> None:
 # --- the pod webhook over HTTPS ------------------------------------------------------------------
 
 
-def pod_review(scheduler: str | None = KAI) -> Json:
-    doc = fixture("pod-create-by-job-controller.mutate.json")
-    if scheduler is not None:
-        doc["request"]["object"]["spec"]["schedulerName"] = scheduler
-    return doc
-
-
 def pod_cache() -> Cache:
     """The fixture pod's TrainJob (team-a/my-job) on the level-1 runtime, its pods on KAI."""
     cache = kai_cache(kai_pods(native_runtime("torch-distributed")))
@@ -500,7 +494,7 @@ def test_pods_are_annotated_once_with_their_group_and_the_podgrouper_kept_away(
             assert response["allowed"] is True
             return response
 
-        doc = pod_review()
+        doc = pod_review(KAI)
         ops = patched(tie(doc))
         assert ops == [
             {"op": "add", "path": "/metadata/annotations/pod-group-name", "value": MY_JOB_GROUP},
@@ -531,7 +525,7 @@ def test_pods_are_annotated_once_with_their_group_and_the_podgrouper_kept_away(
         assert "patch" not in response
         assert response["warnings"][0].startswith("not tied to a gang: the pod names the scheduler")
         cache.apis["kai"] = "not-served"
-        assert "patch" not in tie(pod_review())
+        assert "patch" not in tie(pod_review(KAI))
 
 
 # --- lifecycle against the API emulator ----------------------------------------------------------
@@ -675,7 +669,7 @@ async def test_one_serve_process_picks_the_backend_per_trainjob(tmp_path: Path) 
             response = (await client.post(path, json=doc)).json()["response"]
             return patched(response)
 
-        kai_ops = await tie(pod_review())
+        kai_ops = await tie(pod_review(KAI))
         assert [op["path"] for op in kai_ops] == [
             "/metadata/annotations/pod-group-name",
             "/metadata/annotations/kai.scheduler~1skip-podgrouper",
