@@ -256,6 +256,21 @@ def test_trainjob_num_nodes_at_the_extremes_on_create_and_update(
             assert "spec.trainer.numNodes" in answer.denial, answer.denial
 
 
+@pytest.mark.parametrize("value", ["1e300000", "1e1000000", "9Ei", "9223372036854775808", "1" * 65])
+def test_quantities_past_what_the_api_holds_are_denied_at_once(target: Target, value: str) -> None:
+    """resourcesPerNode adds up into the gangs' minResources; printing 1e1000000 as a whole
+    number takes most of a minute, on the loop that answers every pod."""
+    obj = trainjob("huge", runtime_name="level-1")
+    trainer = obj["spec"].setdefault("trainer", {})
+    trainer["resourcesPerNode"] = {"requests": {"cpu": value, "memory": "1Gi"}}
+    message = post(target.client, TRAINJOB_PATH, review(obj)).denial
+    assert "spec.trainer.resourcesPerNode.requests[cpu]: Invalid value" in message, message
+    assert "must be a quantity from 0 to 9223372036854775807" in message
+    assert "memory" not in message  # a quantity in range is fine
+    trainer["resourcesPerNode"] = {"limits": {"nvidia.com/gpu": 8}}
+    assert post(target.client, TRAINJOB_PATH, review(obj)).response["allowed"] is True
+
+
 def test_a_level_3_target_with_int32_replicas_is_denied_at_once(target: Target) -> None:
     obj = set_path(level_runtime(3), COUNT_FIELDS["replicas"], INT32)
     message = post(target.client, RUNTIME_PATHS["validate"], review(obj)).denial

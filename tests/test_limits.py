@@ -239,3 +239,14 @@ def test_playing_a_5000_step_chain_forward_is_linear() -> None:
     stuck = never_started(edges, [gang])
     assert time.perf_counter() - start < 1.0
     assert stuck == frozenset(edges)
+
+
+def test_quantities_are_bounded_before_any_arithmetic() -> None:
+    from webhook.core import resources
+
+    assert resources.parse("9223372036854775807") == resources.MAX_QUANTITY
+    assert resources.parse("1Ei") == 2**60
+    for beyond in ("9223372036854775808", "8Ei", "1e19", "1e1000000", "1" * 65, True, "-1e30"):
+        assert resources.parse(beyond) is None, beyond
+    # Whatever a gang adds up stays quick to print (int32 pods of the largest quantity).
+    assert resources.text(resources.MAX_QUANTITY * (2**31 - 1)).isdigit()

@@ -47,7 +47,7 @@ from tests.test_properties import _check_plan, runtimes, trainjobs
 from tests.test_reconciler import NS, events, objects, stored, world
 from webhook.backends.base import Context
 from webhook.backends.native import COMPOSITE, NativeBackend
-from webhook.core.layout import CompositeKind
+from webhook.core.layout import CompositeKind, is_multi_level
 from webhook.core.plan import Plan, build_plan, pod_group_for_labels
 from webhook.core.trainer import Runtime, TrainJob
 from webhook.core.validation import validate_runtime, validate_trainjob
@@ -252,6 +252,33 @@ def test_a_child_whose_late_joiners_wait_for_a_sibling_still_counts() -> None:
     rendered(plan)
 
 
+def test_a_gang_of_groups_whose_groups_wait_on_each_other_is_rejected_not_made_empty() -> None:
+    """InOrder launcher, node, dataset-initializer under a gang root: node's gang waits for the
+    launcher's basic group, whose dataset-initializer waits for node. Hypothesis found this
+    planned as a gang of 0 groups (which the API refuses); it is rejected at apply instead."""
+    raw = runtime(
+        rj("launcher"),
+        rj("node"),
+        rj("dataset-initializer"),
+        rj("model-initializer"),
+        scheduling={
+            "schedulingPolicy": {"gang": {}},
+            "replicatedJobs": [
+                {"targetReplicatedJobs": ["node"]},
+                {"targetReplicatedJobs": ["launcher", "dataset-initializer"],
+                 "schedulingPolicy": {"basic": {}}},
+            ],
+        },
+    )  # fmt: skip
+    del raw["spec"]["mlPolicy"]
+    raw["spec"]["template"]["spec"]["startupPolicy"] = {"startupPolicyOrder": "InOrder"}
+    (err,) = validate_runtime(raw).errors
+    assert err.path == "spec.scheduling.replicatedJobs"
+    assert "put them in one replicatedJobs entry or remove a dependsOn" in str(err)
+    raw["spec"]["scheduling"]["schedulingPolicy"] = {"basic": {}}  # the fix the message names
+    assert validate_runtime(raw).errors == ()
+
+
 def test_the_apis_limits_on_a_tree_are_admission_errors() -> None:
     (err,) = validate_runtime(tpu_slices(slices=9)).errors
     assert err.path == "spec.scheduling.replicatedJobs[0].targetReplicatedJobs"
@@ -362,6 +389,8 @@ def trees(draw: st.DrawFn) -> Json:
             entry["schedulingPolicy"] = draw(st.sampled_from([{"gang": {}}, {"basic": {}}]))
             if draw(st.booleans()):
                 entry["schedulingConstraints"] = BLOCK
+    if not is_multi_level(Runtime.model_validate(raw).spec.scheduling):  # type: ignore[arg-type]
+        scheduling["schedulingPolicy"] = draw(st.sampled_from([{"gang": {}}, {"basic": {}}]))
     return raw
 
 
@@ -592,7 +621,58 @@ async def test_another_backends_tree_is_denied_and_never_made(backend: str, tmp_
     async with world(served=(backend,), composites=True) as w:
         await create(w.k, CLUSTER_RUNTIMES, tree | {"metadata": {"name": "rt"}})
         await create(w.k, TRAINJOBS, tree_trainjob())
-        (event,) = await eventually(lambda: events(w.k, "GangKindUnavailable"), "an Event")
-        assert f"which the {backend} gang backend cannot express" in event["note"]
+        said = await eventually(lambda: events(w.k, "GangKindUnavailable"), "an Event")
+        assert f"which the {backend} gang backend cannot express" in said[0]["note"]
         await asyncio.sleep(0.2)
+        # One per change of the TrainJob (created, its snapshot written), never a retry loop.
+        assert len(events(w.k, "GangKindUnavailable")) <= 2
         assert objects(w.k, resource) == [] and objects(w.k, COMPOSITE_POD_GROUPS) == []
+
+
+# --- drift of a tree: what the server fills in or drops is not drift ------------------------------
+
+
+def test_tree_drift_ignores_what_the_server_fills_in_or_drops_behind_a_gate() -> None:
+    from webhook.backends.native import composite_drift, workload_drift
+
+    objects = rendered(plan_of(zone_block_rack()))
+    workload = next(o for o in objects if o["kind"] == "Workload")
+    block = [o for o in objects if o["kind"] == "CompositePodGroup"][1]
+    assert workload_drift(workload, copy.deepcopy(workload)).kind == "none"
+
+    # TopologyAwareWorkloadScheduling off: the server dropped every schedulingConstraints.
+    def without_constraints(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: without_constraints(v) for k, v in value.items()
+                    if k != "schedulingConstraints"}  # fmt: skip
+        return [without_constraints(v) for v in value] if isinstance(value, list) else value
+
+    gated = without_constraints(workload)
+    drift = workload_drift(workload, gated)
+    assert drift.kind == "none" and drift.dropped
+    assert all("TopologyAwareWorkloadScheduling" in d for d in drift.dropped)
+    drift = composite_drift(block, without_constraints(block))
+    assert drift.kind == "none" and drift.dropped
+
+    # A global default PriorityClass and the defaults the server writes: not drift either.
+    filled = copy.deepcopy(workload)
+    root = filled["spec"]["compositePodGroupTemplates"][0]
+    root.update(priorityClassName="default-priority", priority=1000, disruptionMode={"single": {}})
+    assert workload_drift(workload, filled).kind == "none"
+    stored_block = copy.deepcopy(block)
+    stored_block["spec"].update(priorityClassName="default-priority", priority=1000)
+    assert composite_drift(block, stored_block).kind == "none"
+
+    # A real change, anywhere in the tree: the whole tree is made again.
+    changed = copy.deepcopy(workload)
+    leaf = changed["spec"]["compositePodGroupTemplates"][0]["compositePodGroupTemplates"][0]
+    leaf["podGroupTemplates"][0]["schedulingPolicy"]["gang"]["minCount"] += 1
+    assert workload_drift(workload, changed).kind == "recreate"
+    other = copy.deepcopy(block)
+    other["spec"]["schedulingConstraints"] = RACK
+    assert composite_drift(block, other).kind == "recreate"
+    extra = copy.deepcopy(workload)
+    extra["spec"]["compositePodGroupTemplates"][0]["podGroupTemplates"] = [
+        {"name": "x", "schedulingPolicy": {"basic": {}}}
+    ]
+    assert workload_drift(workload, extra).kind == "recreate"

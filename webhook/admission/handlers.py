@@ -269,9 +269,7 @@ def mutate_pod_review(review: Review, cache: Cache) -> Decision:
         return Decision(note="not tied to a gang: another controller schedules this TrainJob")
     if not expresses(backend, plan):
         return Decision(note=f"not tied to a gang: the {backend.name} backend has no trees")
-    if plan.composites and any(
-        cache.kind_states.get(k) == "not-served" for k in backend.kinds if k.optional
-    ):
+    if cache.missing_kind(backend, plan) is not None:
         return Decision(note="not tied to a gang: its tree needs CompositePodGroups, not served")
     return Decision(patch=backend.pod_patch(pod, plan, group) or None)
 

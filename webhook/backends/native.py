@@ -240,13 +240,12 @@ def workload_drift(desired: Mapping[str, Any], actual: Mapping[str, Any]) -> Dri
     if want.get("controllerRef") != have.get("controllerRef"):
         return Drift("recreate", reason="spec.controllerRef differs")
     if "compositePodGroupTemplates" in want or "compositePodGroupTemplates" in have:
-        # A tree is immutable as a whole: any difference but the server's defaults is a
-        # recreate.
-        if _normal(want.get("compositePodGroupTemplates")) != _normal(
-            have.get("compositePodGroupTemplates")
-        ) or have.get("podGroupTemplates"):
-            return Drift("recreate", reason="the tree of templates differs")
-        return Drift()
+        # A tree is immutable as a whole: compared part by part, with the flat rules for what
+        # the server fills in or drops behind a gate.
+        tree = ("compositePodGroupTemplates", "podGroupTemplates")
+        return _immutable_drift(
+            {k: want.get(k) for k in tree}, {k: have.get(k) for k in tree}, "the tree"
+        )
     want_templates = _by_name(want.get("podGroupTemplates"))
     have_templates = _by_name(have.get("podGroupTemplates"))
     if list(want_templates) != list(have_templates):
@@ -311,23 +310,47 @@ def _group_drift(want: Mapping[str, Any], have: Mapping[str, Any], what: str) ->
 
 
 def composite_drift(desired: Mapping[str, Any], actual: Mapping[str, Any]) -> Drift:
-    """A CompositePodGroup is immutable: any difference but the server's defaults recreates."""
-    if _normal(_spec(desired)) != _normal(_spec(actual)):
-        return Drift("recreate", reason="the CompositePodGroup differs")
-    return Drift()
+    """A CompositePodGroup is immutable: any difference but what the server fills in or drops
+    behind a gate recreates it."""
+    return _immutable_drift(_spec(desired), _spec(actual), "the CompositePodGroup")
 
 
-def _normal(value: Any) -> Any:
-    """A template or spec without what the API server fills in where the desired object leaves
-    a field unset (a `single` disruption mode, priority, preemption policy)."""
-    if isinstance(value, list):
-        return [_normal(v) for v in value]
-    if not isinstance(value, dict):
-        return value
-    out = {k: _normal(v) for k, v in value.items() if k not in ("priority", "preemptionPolicy")}
-    if out.get("disruptionMode") == {"single": {}}:
-        del out["disruptionMode"]
-    return out
+_CHILDREN = ("compositePodGroupTemplates", "podGroupTemplates")
+_KNOWN = {*GATED_FIELDS, *SERVER_FILLED, "disruptionMode", *_CHILDREN}
+
+
+def _immutable_drift(want: Mapping[str, Any], have: Mapping[str, Any], what: str) -> Drift:
+    """A part of a tree against the stored one: equal, but for a gated field the server dropped
+    (reported, not drift, so nothing loops) and what it fills in where `want` leaves a field
+    unset. Children are matched by name, all the way down."""
+    dropped: list[str] = []
+    for key, gate in GATED_FIELDS.items():
+        if key in want and key not in have:
+            dropped.append(f"{key} ({gate})")
+        elif want.get(key) != have.get(key):
+            return Drift("recreate", reason=f"{what}: {key} differs")
+    mode = have.get("disruptionMode")
+    if want.get("disruptionMode", {"single": {}}) != (mode or {"single": {}}):
+        return Drift("recreate", reason=f"{what}: disruptionMode differs")
+    for key in SERVER_FILLED:
+        if key in want and want[key] != have.get(key):
+            return Drift("recreate", reason=f"{what}: {key} differs")
+    for key in (set(want) | set(have)) - _KNOWN:
+        if want.get(key) != have.get(key):
+            return Drift("recreate", reason=f"{what}: {key} differs")
+    for key in _CHILDREN:
+        wanted, stored = _by_name(want.get(key)), _by_name(have.get(key))
+        listed = have.get(key)
+        if list(wanted) != list(stored) or len(stored) != (
+            len(listed) if isinstance(listed, list) else 0
+        ):
+            return Drift("recreate", reason=f"{what}: its {key} differ")
+        for name, child in wanted.items():
+            drift = _immutable_drift(child, stored[name], f"template {name!r}")
+            if drift.kind == "recreate":
+                return drift
+            dropped += drift.dropped
+    return Drift(dropped=tuple(dropped))
 
 
 def _result(actual: Mapping[str, Any], ops: list[dict[str, Any]], dropped: list[str]) -> Drift:

@@ -65,6 +65,10 @@ class Path:
     def index(self, i: int) -> Path:
         return Path._raw(f"{self._text}[{i}]")
 
+    def key(self, k: str) -> Path:
+        """A map entry, as the API server names one: `requests[cpu]`."""
+        return Path._raw(f"{self._text}[{k}]")
+
     def __str__(self) -> str:
         return self._text
 

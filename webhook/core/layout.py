@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import functools
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -420,14 +421,17 @@ def _with_children(
     for child, all_targets in members.items():
         others = b.order.of(t for c, ts in members.items() if c != child for t in ts)
         # A child counts as admitted once its own gang is: only the pods that gang waits for
-        # matter here (its late joiners may wait for a sibling; they join after it).
-        targets = _admitted_with(child, b) or all_targets
+        # matter here (its late joiners may wait for a sibling; they join after it). A basic
+        # child needs just one of its pods to start.
+        targets, all_needed = _admitted_with(child, b)
+        targets = targets or all_targets
+        needed: Callable[[Iterable[object]], bool] = any if all_needed else all
         waits = [b.order.ancestors(t) & others for t in targets]
-        if composite.policy != "gang" or not any(waits):
+        if composite.policy != "gang" or not needed(waits):
             continue
         deferred.append(child)
         done = [b.order.complete_before(t) & others for t in targets]
-        if any(done):
+        if needed(done):
             first = next(d for d in done if d).first()
             b.errors.append(
                 fe.invalid(
@@ -443,6 +447,18 @@ def _with_children(
                 f'scheduling: the group of "{targets[0]}" starts after "{_first(waits)}": it '
                 "joins its gang of groups later"
             )
+    if children and len(deferred) == len(children):
+        # Each child waits for another: nothing could be admitted first (the start-up rules
+        # reject most such runtimes before this; never render a gang of no groups).
+        b.errors.append(
+            fe.invalid(
+                where,
+                sorted(t for ts in members.values() for t in ts),
+                "every group of this gang of groups starts only after another of them, so it "
+                "could never be admitted; make it schedulingPolicy basic (its topology still "
+                "holds)",
+            )
+        )
     return CompositeLayout(
         key=composite.key,
         kind=composite.kind,
@@ -467,12 +483,15 @@ def _child_targets(child: Child, b: _Builder) -> tuple[str, ...]:
     return next(c.targets for c in b.composites if c.key == child)
 
 
-def _admitted_with(child: Child, b: _Builder) -> tuple[str, ...]:
-    """The ReplicatedJobs whose pods must be there for `child` to be admitted."""
+def _admitted_with(child: Child, b: _Builder) -> tuple[tuple[str, ...], bool]:
+    """The ReplicatedJobs whose pods `child` is admitted with, and whether it needs all of
+    them (a gang) or any one (basic)."""
     if isinstance(child, int):
-        return b.groups[child].counted
+        group = b.groups[child]
+        return group.counted, group.policy == "gang"
     nested = next(c for c in b.composites if c.key == child)
-    return tuple(t for t in nested.targets if t in _counted_targets(nested, b))
+    counted = _counted_targets(nested, b)
+    return tuple(t for t in nested.targets if t in counted), nested.policy == "gang"
 
 
 def _counted_targets(composite: CompositeLayout, b: _Builder) -> frozenset[str]:

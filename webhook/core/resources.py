@@ -24,15 +24,29 @@ TRAINER_CONTAINER = "node"  # the container resourcesPerNode applies to (Trainer
 Resources = dict[str, Decimal]
 
 
+# The API server keeps a quantity as an int64 of its unit or finer; nothing larger is a
+# request any node could meet. Bounding it also bounds the cost of printing one: int() of
+# Decimal("1e1000000") takes most of a minute, on the loop that answers every pod.
+MAX_QUANTITY = Decimal(2**63 - 1)
+MAX_QUANTITY_TEXT = 64  # characters: the longest real quantity is far shorter
+
+
 def parse(value: Any) -> Decimal | None:
-    """A quantity as a number (None when it is not one)."""
+    """A quantity as a number (None when it is not one, or beyond MAX_QUANTITY)."""
+    if isinstance(value, bool) or (isinstance(value, str) and len(value) > MAX_QUANTITY_TEXT):
+        return None
     from kubernetes.utils.quantity import parse_quantity
 
     parse_it: Any = parse_quantity  # untyped in the client
     try:
-        return Decimal(parse_it(value))
+        number = Decimal(parse_it(value))
     except (ValueError, TypeError, ArithmeticError):
         return None
+    # adjusted(): the exponent of the leading digit, read without arithmetic (which could
+    # overflow the decimal context).
+    if not number.is_finite() or number.adjusted() > 18 or abs(number) > MAX_QUANTITY:
+        return None
+    return number
 
 
 def text(value: Decimal) -> str:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import errors as fe
+from . import limits, resources
 from .errors import FieldError, Path
 from .fields import check_group_settings, parse, unknown_fields
 from .layout import SCHEDULING, Layout, resolve_layout
@@ -279,7 +280,34 @@ def check_trainjob(
         )
     found += _num_nodes_errors(trainjob, checked.runtime, layout)
     found += _scheduler_errors(trainjob, checked.runtime, layout)
+    found += _resources_per_node_errors(trainjob)
     return Verdict(tuple(found), verdict.warnings)
+
+
+def _resources_per_node_errors(trainjob: TrainJob) -> list[FieldError]:
+    """Each of resourcesPerNode's requests and limits must be a quantity the API server can
+    hold: the gang backends add them up into the gang's minResources."""
+    per_node = trainjob.resources_per_node
+    if not isinstance(per_node, dict):
+        return []
+    where = Path("spec", "trainer", "resourcesPerNode")
+    found: list[FieldError] = []
+    for part in ("requests", "limits"):
+        values = per_node.get(part)
+        if not isinstance(values, dict):
+            continue
+        for name, value in list(values.items())[: limits.MAX_SCHEDULING_LIST + 1]:
+            if resources.parse(value) is None:
+                shown = value if isinstance(value, (str, int, float)) else type(value).__name__
+                found.append(
+                    fe.invalid(
+                        where.child(part).key(str(name)),
+                        shown,
+                        f"must be a quantity from 0 to {resources.MAX_QUANTITY} (e.g. 8, 500m, "
+                        "64Gi)",
+                    )
+                )
+    return found
 
 
 def _scheduler_errors(trainjob: TrainJob, runtime: Runtime, layout: Layout) -> list[FieldError]:

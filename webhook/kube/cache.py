@@ -103,6 +103,23 @@ class Cache:
                     return kind, obj
         return None
 
+    def discovered(self) -> bool:
+        """Discovery has said, of every backend's API and every optional kind, whether it is
+        served: until then the webhooks cannot tell which gangs can be made (not ready)."""
+        return all(self.api(b) != "unknown" for b in self.backends.backends) and all(
+            self.kind_states.get(k) in ("served", "not-served")
+            for k in self.backends.kinds
+            if k.optional
+        )
+
+    def missing_kind(self, backend: GangBackend, plan: Plan) -> Kind | None:
+        """The optional kind the plan needs (a tree's CompositePodGroups) that discovery has not
+        found served; None when nothing is missing. The reconciler and the pod webhook both ask
+        this, so a pod is never tied to a group the reconciler will not make."""
+        if not plan.composites:
+            return None
+        return next((k for k in backend.kinds if k.optional and not self.kind_served(k)), None)
+
     def kind_served(self, kind: Kind) -> bool:
         """A required kind with its backend; an optional one once discovery found it."""
         return not kind.optional or self.kind_states.get(kind) == "served"

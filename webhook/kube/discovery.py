@@ -138,6 +138,9 @@ class BackendApiWatch:
                         f"{'served' if served else 'not served'}: {backend.name} plans that "
                         f"need {kind.kind}s are {'possible' if served else 'denied'}"
                     )
+                    if served and self.on_change:
+                        # Turned on later: the TrainJobs that waited for it are looked at again.
+                        self.on_change(backend, self.cache.api(backend))
             wanted = self.cache.api(backend) == "served" and self.cache.kind_served(kind)
             if wanted and kind not in self._watches:
                 self._watches[kind] = [

@@ -317,16 +317,16 @@ class Reconciler:
             )
             self.events.record(trainjob, "Warning", "GangKindUnavailable", "Reconcile", note)
             return DONE
-        needed = {obj.get("kind") for obj in backend.render(plan, context)}
-        missing = [k for k in backend.kinds if k.kind in needed and not self.cache.kind_served(k)]
-        if missing:
-            kind = missing[0]
+        kind = self.cache.missing_kind(backend, plan)
+        if kind is not None:
+            if self.cache.kind_states.get(kind) != "not-served":
+                return Result(self.settings.wait_retry)  # discovery has not said yet
             note = (
                 f"its plan needs {kind.kind}s, which the cluster does not serve "
                 f"({kind.group_version}: is the feature gate on?): no gang until it does"
             )
             self.events.record(trainjob, "Warning", "GangKindUnavailable", "Reconcile", note)
-            return DONE
+            return DONE  # discovery looks at every TrainJob again once they are served
         stored_uids: dict[tuple[str, str], str] = {}
         wanted: set[tuple[Kind, str]] = set()
         for kind in backend.kinds:

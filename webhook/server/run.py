@@ -348,9 +348,10 @@ async def serve(settings: Settings) -> None:
             authorizer = NoCluster()
         else:
             authorizer = Authorizer(api, settings.metrics_auth)
-    service = Service(
-        settings, cache, tls, metrics=metrics, authorizer=authorizer, checks=certs.checks
-    )
+    checks = dict(certs.checks)
+    if api is not None:  # which gangs can be made is known once discovery has said
+        checks["discovery"] = cache.discovered
+    service = Service(settings, cache, tls, metrics=metrics, authorizer=authorizer, checks=checks)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, service.stop)
