@@ -736,9 +736,10 @@ def expired_event(since: str = "1", oldest: int = 2) -> Json:
     return {"type": "ERROR", "object": status_object(410, "Expired", message)}
 
 
-def status(code: int) -> Response:
+def status(code: int, message: str | None = None, reason: str | None = None) -> Response:
     """An HTTP error with a Status body, as the API server answers a failed request."""
-    body = status_object(code, "InternalError" if code >= 500 else "Gone", f"injected {code}")
+    reason = reason or ("InternalError" if code >= 500 else "Gone")
+    body = status_object(code, reason, message or f"injected {code}")
     return Response(status=code, payload=body)
 
 

@@ -183,7 +183,15 @@ def test_the_deferred_launcher_is_outside_min_member_min_task_member_and_min_res
         "memory": str(7 * NODE_MEMORY),  # 246155313152
         "nvidia.com/gpu": "28",
     }
-    assert spec["queue"] == "default"
+    assert "queue" not in spec  # none named: Volcano's webhook fills in its default
+
+
+def test_a_queue_volcano_chose_is_not_drift_when_the_trainjob_names_none() -> None:
+    desired = render(mpi_runtime(), mpi_trainjob(4))["gang"]
+    assert "queue" not in desired["spec"]
+    stored = stored_copy(desired)
+    stored["spec"]["queue"] = "team-a-queue"  # e.g. from the namespace's annotation
+    assert pod_group_drift(desired, stored).kind == "none"
 
 
 def test_a_basic_group_gets_a_podgroup_of_one_in_the_same_queue() -> None:
@@ -198,15 +206,15 @@ def test_a_basic_group_gets_a_podgroup_of_one_in_the_same_queue() -> None:
     [
         ({QUEUE: "a"}, {QUEUE: "b"}, "a"),  # the label wins
         ({}, {QUEUE: "b"}, "b"),  # as Trainer reads it
-        ({QUEUE: ""}, {}, "default"),  # empty is none, as Volcano reads it (denied at create)
-        ({}, {}, "default"),
+        ({QUEUE: ""}, {}, None),  # empty is none, as Volcano reads it (denied at create)
+        ({}, {}, None),  # Volcano's webhook fills in its default
     ],
 )
 def test_the_queue_comes_from_the_label_then_the_annotation_then_default(
-    labels: dict[str, str], annotations: dict[str, str], queue: str
+    labels: dict[str, str], annotations: dict[str, str], queue: str | None
 ) -> None:
     objects_ = render(mpi_runtime(), mpi_trainjob(labels=labels, annotations=annotations))
-    assert objects_["gang"]["spec"]["queue"] == objects_["init"]["spec"]["queue"] == queue
+    assert objects_["gang"]["spec"].get("queue") == objects_["init"]["spec"].get("queue") == queue
 
 
 def test_a_topology_key_without_a_tier_gets_no_network_topology_and_a_warning() -> None:
@@ -278,7 +286,7 @@ def test_any_valid_plan_renders_podgroups_the_crd_accepts(
     for obj, group in zip(rendered, plan.groups, strict=True):
         assert crd_errors(obj, CRD) == [], obj
         spec = obj["spec"]
-        assert spec["queue"] == labels.get(QUEUE, "default")
+        assert spec.get("queue") == (labels.get(QUEUE) or None)
         if group.policy == "basic":
             assert spec["minMember"] == 1 and "minResources" not in spec
             continue

@@ -25,7 +25,16 @@ import yaml
 
 from tests.builders import Json, rj, runtime, torch_node, trainjob
 from tests.harness import fixture, running_server
-from tests.kube_emulator import CLUSTER_RUNTIMES, TRAINJOBS, WORKLOADS, create, eventually, patch
+from tests.kube_emulator import (
+    CLUSTER_RUNTIMES,
+    TRAINJOBS,
+    WORKLOADS,
+    create,
+    eventually,
+    next_requests,
+    patch,
+    status,
+)
 from tests.test_reconciler import (
     DELETE,
     NAME,
@@ -243,6 +252,28 @@ async def test_kueue_admits_through_suspend_and_every_backend_follows(backend: s
             await eventually(lambda: objects(w.k, resource), f"the {backend} gang on admission")
             await patch(w.k, TRAINJOBS, NS, NAME, {"spec": {"suspend": True}})
             await eventually(lambda: not objects(w.k, resource), "released on preemption")
+
+
+@pytest.mark.asyncio
+async def test_a_gang_object_the_api_server_refuses_is_reported_and_retried_slowly() -> None:
+    """Another scheduler's webhook may refuse a PodGroup as it is (a closed Volcano queue): an
+    Event says why, and the reconciler tries again after a while, not in a tight loop."""
+    rt = cluster_runtime()
+    for job in rt["spec"]["template"]["spec"]["replicatedJobs"]:
+        job["template"]["spec"]["template"]["spec"]["schedulerName"] = "volcano"
+    kind = default_backends().named("volcano").kinds[0]  # type: ignore[union-attr]
+    resource = kmock.resource(kind.group, kind.version, kind.plural)
+    async with world(served=("volcano",)) as w:
+        refused = status(422, 'admission webhook denied: queue "q" is closed', "Invalid")
+        next_requests(w.k[kmock.method.POST, resource], 1) << refused
+        await create(w.k, CLUSTER_RUNTIMES, rt)
+        await create(w.k, TRAINJOBS, stored_trainjob())
+        (event,) = await eventually(lambda: events(w.k, "Refused"), "a Refused Event")
+        assert "the API server refused PodGroup" in event["note"]
+        assert 'queue "q" is closed' in event["note"] and event["type"] == "Warning"
+        # Retried after conflict_retry (0.2 s here, a minute by default): made once allowed.
+        await eventually(lambda: objects(w.k, resource), "the PodGroup, once allowed")
+        assert len(w.k[kmock.method.POST, resource]) == 2
 
 
 # --- the pod webhook ---------------------------------------------------------------------------

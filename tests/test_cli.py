@@ -154,3 +154,13 @@ def test_tpu_slices_gang_of_gangs() -> None:
     assert {r["spec"]["schedulingPolicy"]["gang"]["minCount"] for r in racks} == {8}
     assert err == ""
     assert objects_errors(objects) == []
+
+
+def test_a_tree_on_a_backend_without_trees_is_an_error() -> None:
+    files = ["-f", str(SAMPLES / "tpu-slices.trainjob.yaml"),
+             "-f", str(SAMPLES / "tpu-slices.runtime.yaml")]  # fmt: skip
+    for backend in ("coscheduling", "volcano", "kai"):
+        cmd = [sys.executable, "-m", "webhook", "plan", *files, "--backend", backend]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
+        assert proc.returncode == 1 and proc.stdout == "", proc.stdout
+        assert f"which the {backend} gang backend cannot express" in proc.stderr

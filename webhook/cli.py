@@ -81,7 +81,7 @@ def plan_command(
 ) -> int:
     """Prints the objects each TrainJob in the files would get (from the backend its pods'
     scheduler chooses, or `backend_name`); field errors exit non-zero."""
-    from .backends.base import Context
+    from .backends.base import Context, expresses
     from .backends.registry import default_backends  # the Kubernetes client is slow to import
     from .core.plan import build_plan
     from .core.planview import tree
@@ -151,6 +151,15 @@ def plan_command(
                 f"{plan.scheduler_name!r}, which no gang backend serves (use --backend)",
                 file=err,
             )
+            continue
+        if not expresses(backend, plan):
+            print(
+                f"error: TrainJob {_name(doc)!r}: its runtime combines levels into a tree of "
+                f"groups of groups, which the {backend.name} gang backend cannot express "
+                "(admission denies it); keep each ReplicatedJob at one level",
+                file=err,
+            )
+            ok = False
             continue
         for warning in backend.admission_warnings(plan, Context.of(doc)):
             print(f"Warning: {warning}", file=err)

@@ -501,25 +501,6 @@ def pod_group_status(obj: Mapping[str, Any]) -> GangStatus:
     return GangStatus(kind, False, "NotEvaluated")
 
 
-def composite_status(obj: Mapping[str, Any]) -> GangStatus:
-    """What `CompositePodGroupInitiallyScheduled` says of a CompositePodGroup."""
-    spec = _spec(obj)
-    policy = spec.get("schedulingPolicy")
-    kind = "gang" if isinstance(policy, dict) and "gang" in policy else "basic"
-    status = obj.get("status")
-    conditions = status.get("conditions") if isinstance(status, dict) else None
-    for cond in conditions if isinstance(conditions, list) else ():
-        if isinstance(cond, dict) and cond.get("type") == "CompositePodGroupInitiallyScheduled":
-            if cond.get("status") == "True":
-                at = cond.get("lastTransitionTime")
-                return GangStatus(kind, True, "Scheduled", at if isinstance(at, str) else None)
-            reason = cond.get("reason")
-            if reason not in ("Unschedulable", "SchedulerError"):
-                reason = "Other"
-            return GangStatus(kind, False, str(reason))
-    return GangStatus(kind, False, "NotEvaluated")
-
-
 # --- the backend ------------------------------------------------------------------------------
 
 
@@ -561,8 +542,7 @@ class NativeBackend:
         return [scheduling_group_op(pod, group.pod_group_name)]
 
     def status(self, kind: Kind, obj: JsonObject) -> GangStatus | None:
-        if kind == COMPOSITE:
-            return composite_status(obj)
+        # The gang signals count groups of pods; a tree's composites are not gangs of pods.
         return pod_group_status(obj) if kind == POD_GROUP else None
 
     def admission_warnings(self, plan: Plan, context: Context) -> list[str]:

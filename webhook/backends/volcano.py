@@ -11,7 +11,8 @@ gets one too (`minMember: 1`), so the TrainJob's queue and priority hold for all
   role). A ReplicatedJob whose pods join after admission (a Ready dependent) is left out: the
   gang could never be valid while waiting for pods that only come once it runs.
 * `queue`: the TrainJob's `scheduling.volcano.sh/queue-name` label, else its annotation (as
-  Trainer reads it), else `default`. An empty value counts as none, as Volcano reads it.
+  Trainer reads it), else left out for Volcano's webhook to fill in (its default queue; some
+  versions the namespace's). An empty value counts as none, as Volcano reads it.
 * `networkTopology`: a topology key the settings map to a HyperNode tier becomes `mode: hard`
   with `highestTierAllowed`; any other key is not enforced (a warning at admission).
 
@@ -20,7 +21,8 @@ Drift: what Volcano's own job controller changes in place on its PodGroups (`min
 or `networkTopology`, or a `subGroupPolicy` someone added, means delete and create again.
 vc-scheduler writes whole objects back (the CRD has no status subresource), re-serializing
 quantities, so `minResources` is compared by value, and fields it leaves out when empty or
-defaults (`queue: default`, `mode: hard`) are read as such.
+defaults (`queue: default`, `mode: hard`) are read as such; a queue Volcano chose for a
+TrainJob that names none is not drift.
 """
 
 from __future__ import annotations
@@ -100,9 +102,14 @@ def parse_tiers(text: str) -> dict[str, int]:
 parse_tiers.__name__ = "comma-separated list of topology-key=tier"  # argparse's wording
 
 
+def named_queue(context: Context) -> str | None:
+    """The queue the TrainJob names (its label, else its annotation), if any."""
+    return context.labels.get(QUEUE_KEY) or context.annotations.get(QUEUE_KEY) or None
+
+
 def queue_of(context: Context) -> str:
     """The queue a TrainJob's PodGroups go to."""
-    return context.labels.get(QUEUE_KEY) or context.annotations.get(QUEUE_KEY) or DEFAULT_QUEUE
+    return named_queue(context) or DEFAULT_QUEUE
 
 
 def _per_task(group: GroupPlan) -> bool:
@@ -128,7 +135,9 @@ def pod_group(
             spec["minTaskMember"] = members
         if group.min_resources:
             spec["minResources"] = dict(group.min_resources)
-    spec["queue"] = queue_of(context)
+    queue = named_queue(context)
+    if queue:  # else left to Volcano's webhook, which fills its default (some versions per
+        spec["queue"] = queue  # namespace): a queue of ours would then differ on every pass
     if group.priority_class_name:
         spec["priorityClassName"] = group.priority_class_name
     tier = settings.topology_tiers.get(group.topology_key or "")
@@ -175,6 +184,8 @@ def pod_group_drift(desired: Mapping[str, Any], stored: Mapping[str, Any]) -> Dr
         return Drift("recreate", reason="the PodGroup has no spec")
     want, have = _spec(desired), _spec(stored)
     for key in RECREATE:
+        if key == "queue" and key not in want:
+            continue  # whichever queue Volcano's webhook chose
         if _normal(key, want.get(key)) != _normal(key, have.get(key)):
             return Drift("recreate", reason=f"spec.{key} differs")
     ops: list[dict[str, Any]] = []

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import orjson
 from kubernetes.aio.client.exceptions import ApiException
 
 from ..backends.base import Context, Drift, GangBackend, Kind, expresses, is_managed
@@ -338,7 +339,16 @@ class Reconciler:
                 wanted.add((kind, name))
                 stored = self._stored(kind, plan.namespace, name)
                 if stored is None:
-                    stored = await self._create(trainjob, kind, desired)
+                    try:
+                        stored = await self._create(trainjob, kind, desired)
+                    except ApiException as err:
+                        if err.status not in (400, 403, 422):
+                            raise
+                        # Refused as it is (another scheduler's webhook: a closed queue, a
+                        # quota): say why, and try again later rather than in a tight loop.
+                        note = f"the API server refused {kind.kind} {name!r}: {_reason(err)}"
+                        self.events.record(trainjob, "Warning", "Refused", "Create", note)
+                        return Result(self.settings.conflict_retry)
                     if stored is None:
                         return Result(self.settings.wait_retry)
                 else:
@@ -566,3 +576,14 @@ def _describe(err: BaseException) -> str:
     if isinstance(err, ApiException):
         return f"HTTP {err.status}: {err.reason}"
     return f"{type(err).__name__}: {err}"[:300]
+
+
+def _reason(err: ApiException) -> str:
+    """The message of the Status an API error carries, else its HTTP reason (cut short)."""
+    message = ""
+    try:
+        body = orjson.loads(err.body) if err.body else {}
+        message = body.get("message", "") if isinstance(body, dict) else ""
+    except orjson.JSONDecodeError:
+        pass
+    return (str(message) or f"HTTP {err.status} {err.reason}")[:300]
