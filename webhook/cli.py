@@ -290,9 +290,9 @@ def _at_least_zero(text: str) -> float:
 
 def _object_name(text: str) -> str:
     """Empty, or a name a cluster object may have (a DNS subdomain)."""
-    from .backends.kai import is_object_name
+    from .core.fields import is_dns_subdomain
 
-    if text and not is_object_name(text):
+    if text and not is_dns_subdomain(text):
         raise ValueError(text)
     return text
 

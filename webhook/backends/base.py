@@ -196,6 +196,27 @@ def expresses(backend: GangBackend, plan: Plan) -> bool:
     return not plan.composites or any(k.kind == "CompositePodGroup" for k in backend.kinds)
 
 
+POLICY_ANNOTATION = "trainjob-scheduling.dev/policy"
+"""On a PodGroup of a backend where `minMember: 1` could be a basic group or a gang of one."""
+
+
+def spec_of(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    """An object's spec ({} when it has none, or one that is not a map)."""
+    spec = obj.get("spec")
+    return spec if isinstance(spec, dict) else {}
+
+
+def annotate(pod: Mapping[str, Any], wanted: Mapping[str, str]) -> list[JsonObject]:
+    """The operations that set each of `wanted` on a pod's annotations; [] when they are set."""
+    ops: list[JsonObject] = []
+    for key, value in wanted.items():
+        step = add_to_map(pod, ("metadata", "annotations"), key, value)
+        if step and step[0]["path"] == "/metadata/annotations":
+            return [{**step[0], "value": dict(wanted)}]  # no map yet: make it with all of them
+        ops += step
+    return ops
+
+
 def owner_labels(plan: Plan) -> dict[str, str]:
     """Labels that mark this service's objects and let a watch select one TrainJob's."""
     return {MANAGED_BY_LABEL: MANAGED_BY, TRAINJOB_LABEL: plan.trainjob_name}

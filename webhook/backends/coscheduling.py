@@ -48,6 +48,7 @@ from .base import (
     metadata,
     pointer,
     priority_class_errors,
+    spec_of,
     with_uid_test,
 )
 
@@ -90,7 +91,7 @@ def pod_group(plan: Plan, group: GroupPlan, schedule_timeout: int) -> JsonObject
 
 
 def pod_group_drift(desired: Mapping[str, Any], stored: Mapping[str, Any]) -> Drift:
-    want, have = _spec(desired), stored.get("spec")
+    want, have = spec_of(desired), stored.get("spec")
     if not isinstance(have, dict):
         op = "replace" if "spec" in stored else "add"
         return _patched(stored, [{"op": op, "path": "/spec", "value": dict(want)}], list(want))
@@ -130,11 +131,6 @@ def _quantities(resources: Any) -> dict[str, Decimal | None] | None:
     if not isinstance(resources, dict):
         return None
     return {str(name): parse(value) for name, value in resources.items()}
-
-
-def _spec(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    spec = obj.get("spec")
-    return spec if isinstance(spec, dict) else {}
 
 
 # --- pods ------------------------------------------------------------------------------------

@@ -26,16 +26,17 @@ place it; those conditions stay after a later start, so the annotation decides.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ..core import errors as fe
 from ..core.errors import FieldError, Path
+from ..core.fields import is_dns_subdomain
 from ..core.plan import GroupPlan, Plan
 from .base import (
     OBJECT_VERBS,
+    POLICY_ANNOTATION,
     ClusterFacts,
     Context,
     Drift,
@@ -44,9 +45,10 @@ from .base import (
     Kind,
     Rule,
     Uids,
-    add_to_map,
+    annotate,
     metadata,
     priority_class_errors,
+    spec_of,
     with_uid_test,
 )
 
@@ -59,7 +61,6 @@ TOPOLOGY_ANNOTATION = "kai.scheduler/topology"  # likewise, on the TrainJob
 POD_GROUP_ANNOTATION = "pod-group-name"  # on pods: the PodGroup they belong to
 SKIP_PODGROUPER = "kai.scheduler/skip-podgrouper"
 LAST_START = "kai.scheduler/last-start-timestamp"  # the scheduler's, while the gang runs
-POLICY_ANNOTATION = "trainjob-scheduling.dev/policy"  # minMember 1 is a basic group or a gang of 1
 UNSCHEDULABLE = "UnschedulableOnNodePool"
 QUEUE_MISSING = "QueueDoesNotExist"
 DEFAULT_QUEUE = "default-queue"  # the queue KAI's podgrouper falls back to
@@ -69,12 +70,6 @@ OWNED = (
     "minMember", "minSubGroup", "subGroups", "queue", "priorityClassName", "topologyConstraint",
 )  # fmt: skip
 MAX_WARNING = 120
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-
-
-def is_object_name(value: str) -> bool:
-    """A valid name for a cluster object (a Queue, a Topology): a DNS subdomain."""
-    return len(value) <= 253 and bool(_DNS_SUBDOMAIN.match(value))
 
 
 @dataclass(frozen=True)
@@ -86,7 +81,7 @@ class KaiSettings:
 
     def __post_init__(self) -> None:
         for what, value in (("default queue", self.default_queue), ("topology", self.topology)):
-            if value and not is_object_name(value):
+            if value and not is_dns_subdomain(value):
                 raise ValueError(f"kai {what} {value!r} is not a valid object name")
 
 
@@ -122,7 +117,7 @@ def pod_group(plan: Plan, group: GroupPlan, queue: str, topology: str) -> JsonOb
 
 
 def pod_group_drift(desired: Mapping[str, Any], stored: Mapping[str, Any]) -> Drift:
-    want, have = _spec(desired), stored.get("spec")
+    want, have = spec_of(desired), stored.get("spec")
     if not isinstance(have, dict):
         return _patch(stored, [{"op": "add", "path": "/spec", "value": want}], ["spec"])
     ops: list[dict[str, Any]] = []
@@ -147,27 +142,13 @@ def _patch(stored: Mapping[str, Any], ops: list[dict[str, Any]], changed: list[s
     return Drift("patch", drift.patch, f"{fields} differ{'s' if len(changed) == 1 else ''}")
 
 
-def _spec(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    spec = obj.get("spec")
-    return spec if isinstance(spec, dict) else {}
-
-
 # --- the pod tie -----------------------------------------------------------------------------
 
 
 def pod_ops(pod: Mapping[str, Any], pod_group_name: str) -> list[JsonObject]:
     """The JSON Patch that annotates a pod with its PodGroup and keeps the podgrouper away."""
-    wanted = {POD_GROUP_ANNOTATION: pod_group_name, SKIP_PODGROUPER: "true"}
-    meta = pod.get("metadata")
-    if not isinstance(meta, dict):
-        return []  # no metadata at all: not a pod the API server would take
-    if not isinstance(meta.get("annotations"), dict):
-        op = "replace" if "annotations" in meta else "add"
-        return [{"op": op, "path": "/metadata/annotations", "value": wanted}]
-    ops: list[JsonObject] = []
-    for key, value in wanted.items():  # a pod template's own values are replaced
-        ops += add_to_map(pod, ("metadata", "annotations"), key, value)
-    return ops
+    # A pod template's own values are replaced: the plan owns the tie.
+    return annotate(pod, {POD_GROUP_ANNOTATION: pod_group_name, SKIP_PODGROUPER: "true"})
 
 
 # --- status ----------------------------------------------------------------------------------
@@ -243,7 +224,7 @@ def errors(
     out = priority_class_errors(plan, facts)
     label = context.labels.get(QUEUE_LABEL)
     labels = Path("metadata", f"labels[{QUEUE_LABEL}]")
-    if label and not is_object_name(label):
+    if label and not is_dns_subdomain(label):
         out.append(fe.invalid(labels, label, "not a possible KAI Queue name (a DNS subdomain)"))
     elif not queue_of(context, settings):
         out.append(
@@ -251,7 +232,7 @@ def errors(
                         "set: label the TrainJob with its queue")
         )  # fmt: skip
     named = context.annotations.get(TOPOLOGY_ANNOTATION)
-    if named and any(g.topology_key for g in plan.groups) and not is_object_name(named):
+    if named and any(g.topology_key for g in plan.groups) and not is_dns_subdomain(named):
         where = Path("metadata", f"annotations[{TOPOLOGY_ANNOTATION}]")
         out.append(fe.invalid(where, named, "not a possible KAI Topology name (a DNS subdomain)"))
     return out

@@ -36,6 +36,7 @@ from .base import (
     Uids,
     metadata,
     priority_class_errors,
+    spec_of,
     with_uid_test,
 )
 
@@ -236,7 +237,7 @@ def pod_group(plan: Plan, group: GroupPlan, workload_uid: str | None = None) -> 
 
 
 def workload_drift(desired: Mapping[str, Any], actual: Mapping[str, Any]) -> Drift:
-    want, have = _spec(desired), _spec(actual)
+    want, have = spec_of(desired), spec_of(actual)
     if want.get("controllerRef") != have.get("controllerRef"):
         return Drift("recreate", reason="spec.controllerRef differs")
     if "compositePodGroupTemplates" in want or "compositePodGroupTemplates" in have:
@@ -269,7 +270,7 @@ def workload_drift(desired: Mapping[str, Any], actual: Mapping[str, Any]) -> Dri
 
 
 def pod_group_drift(desired: Mapping[str, Any], actual: Mapping[str, Any]) -> Drift:
-    want, have = _spec(desired), _spec(actual)
+    want, have = spec_of(desired), spec_of(actual)
     if want.get("workloadRef") != have.get("workloadRef"):
         return Drift("recreate", reason="spec.workloadRef differs")
     if want.get("parentCompositePodGroupName") != have.get("parentCompositePodGroupName"):
@@ -312,7 +313,7 @@ def _group_drift(want: Mapping[str, Any], have: Mapping[str, Any], what: str) ->
 def composite_drift(desired: Mapping[str, Any], actual: Mapping[str, Any]) -> Drift:
     """A CompositePodGroup is immutable: any difference but what the server fills in or drops
     behind a gate recreates it."""
-    return _immutable_drift(_spec(desired), _spec(actual), "the CompositePodGroup")
+    return _immutable_drift(spec_of(desired), spec_of(actual), "the CompositePodGroup")
 
 
 _CHILDREN = ("compositePodGroupTemplates", "podGroupTemplates")
@@ -374,11 +375,6 @@ def _by_name(templates: Any) -> dict[str, Mapping[str, Any]]:
     return out
 
 
-def _spec(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    spec = obj.get("spec")
-    return spec if isinstance(spec, dict) else {}
-
-
 # --- defaulting (the Workload and PodGroup mutating webhooks) ------------------------------
 
 
@@ -393,7 +389,7 @@ def lacks_min_count(policy: Any) -> bool:
 def needs_default(kind: Kind, obj: Mapping[str, Any]) -> bool:
     """Whether a Workload or PodGroup has a gang without minCount (in a Workload the API server
     could accept: one with more templates than it allows is left for it to refuse)."""
-    spec = _spec(obj)
+    spec = spec_of(obj)
     if kind == POD_GROUP:
         return lacks_min_count(spec.get("schedulingPolicy"))
     templates = spec.get("podGroupTemplates")
@@ -482,7 +478,7 @@ def _unmatched(plan: Plan, template: Any) -> str:
 
 def pod_group_status(obj: Mapping[str, Any]) -> GangStatus:
     """What kube-scheduler's `PodGroupInitiallyScheduled` condition says of a PodGroup."""
-    spec = _spec(obj)
+    spec = spec_of(obj)
     policy = spec.get("schedulingPolicy")
     kind = "gang" if isinstance(policy, dict) and "gang" in policy else "basic"
     status = obj.get("status")
@@ -536,7 +532,7 @@ class NativeBackend:
         return pod_group_drift(desired, stored)
 
     def depth(self, kind: Kind, obj: JsonObject) -> int:
-        return 1 if kind == COMPOSITE and _spec(obj).get("parentCompositePodGroupName") else 0
+        return 1 if kind == COMPOSITE and spec_of(obj).get("parentCompositePodGroupName") else 0
 
     def pod_patch(self, pod: JsonObject, plan: Plan, group: GroupPlan) -> list[JsonObject]:
         return [scheduling_group_op(pod, group.pod_group_name)]

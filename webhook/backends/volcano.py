@@ -27,7 +27,6 @@ TrainJob that names none is not drift.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -35,10 +34,12 @@ from typing import Any
 
 from ..core import errors as fe
 from ..core.errors import FieldError, Path
+from ..core.fields import is_dns_subdomain
 from ..core.plan import REPLICATED_JOB_NAME, GroupPlan, Plan
 from ..core.resources import parse
 from .base import (
     OBJECT_VERBS,
+    POLICY_ANNOTATION,
     ClusterFacts,
     Context,
     Drift,
@@ -47,10 +48,11 @@ from .base import (
     Kind,
     Rule,
     Uids,
-    add_to_map,
+    annotate,
     metadata,
     pointer,
     priority_class_errors,
+    spec_of,
     with_uid_test,
 )
 
@@ -63,12 +65,8 @@ TASK_SPEC_ANNOTATION = "volcano.sh/task-spec"
 QUEUE_KEY = "scheduling.volcano.sh/queue-name"
 DEFAULT_QUEUE = "default"
 # The plan's policy, which a PodGroup of one pod cannot tell apart (for the gang metrics).
-POLICY_ANNOTATION = "trainjob-scheduling.dev/policy"
 ANNOTATIONS = ("metadata", "annotations")
 
-# The CRD's pattern and length for spec.queue (a DNS-1123 subdomain).
-_QUEUE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-MAX_QUEUE_NAME = 253
 
 IN_PLACE = ("minMember", "minTaskMember", "minResources", "priorityClassName")
 RECREATE = ("queue", "networkTopology", "subGroupPolicy")
@@ -149,11 +147,6 @@ def pod_group(
 # --- drift -----------------------------------------------------------------------------------
 
 
-def _spec(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    spec = obj.get("spec")
-    return spec if isinstance(spec, dict) else {}
-
-
 def _quantities(value: Any) -> dict[str, Decimal | None]:
     """A ResourceList by value ("2G" is "2000000000"); zero entries are no entries."""
     out: dict[str, Decimal | None] = {}
@@ -182,7 +175,7 @@ def _normal(key: str, value: Any) -> Any:
 def pod_group_drift(desired: Mapping[str, Any], stored: Mapping[str, Any]) -> Drift:
     if not isinstance(stored.get("spec"), dict):
         return Drift("recreate", reason="the PodGroup has no spec")
-    want, have = _spec(desired), _spec(stored)
+    want, have = spec_of(desired), spec_of(stored)
     for key in RECREATE:
         if key == "queue" and key not in want:
             continue  # whichever queue Volcano's webhook chose
@@ -267,7 +260,7 @@ def queue_errors(context: Context) -> list[FieldError]:
                 )
             )
     queue = queue_of(context)
-    if not errors and (len(queue) > MAX_QUEUE_NAME or not _QUEUE_NAME.fullmatch(queue)):
+    if not errors and not is_dns_subdomain(queue):
         where = "labels" if context.labels.get(QUEUE_KEY) else "annotations"
         errors.append(
             fe.invalid(
@@ -349,14 +342,3 @@ class VolcanoBackend:
         if not plan.groups:
             return []
         return queue_errors(context) + priority_class_errors(plan, facts)
-
-
-def annotate(pod: Mapping[str, Any], wanted: Mapping[str, str]) -> list[JsonObject]:
-    """The operations that set each of `wanted` on a pod's annotations; [] when they are set."""
-    ops: list[JsonObject] = []
-    for key, value in wanted.items():
-        step = add_to_map(pod, ANNOTATIONS, key, value)
-        if step and step[0]["path"] == pointer(*ANNOTATIONS):
-            return [{**step[0], "value": dict(wanted)}]  # no map yet: make it with all of them
-        ops += step
-    return ops
