@@ -43,7 +43,7 @@ from tests.kube_emulator import (
     patch,
 )
 from tests.paths import SAMPLES
-from tests.test_backends import pod_review
+from tests.test_backends import pod_review, review
 from tests.test_informer import serving
 from tests.test_properties import runtimes, trainjobs
 from tests.test_reconciler import (
@@ -347,24 +347,6 @@ def test_gang_metrics_carry_the_kai_backend() -> None:
 
 
 # --- admission over HTTPS ------------------------------------------------------------------------
-
-
-def review(obj: Json) -> Json:
-    return {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": "u-1",
-            "kind": {"group": "trainer.kubeflow.org", "version": "v1alpha1", "kind": "TrainJob"},
-            "resource": {"group": "trainer.kubeflow.org", "version": "v1alpha1",
-                         "resource": "trainjobs"},
-            "name": obj["metadata"]["name"],
-            "namespace": obj["metadata"]["namespace"],
-            "operation": "CREATE",
-            "userInfo": {"username": "alice"},
-            "object": obj,
-        },
-    }  # fmt: skip
 
 
 def kai_cache(

@@ -67,8 +67,6 @@ class GroupPlan:
     """Gang only: the pods each ReplicatedJob has before admission (they make up minCount)."""
     min_resources: tuple[tuple[str, str], ...] = ()
     """Gang only: what those pods request together, by resource name (quantities)."""
-    parent_template: str | None = None
-    """In a tree (multi-level runtime): the template of the composite it belongs to."""
     parent_name: str | None = None
     """In a tree: the CompositePodGroup it belongs to."""
 
@@ -219,7 +217,6 @@ def _composite_plan(
         priority_class_name=c.priority_class_name,
         children=tuple(name_of(child) for child in c.children),
         joins_later=tuple(name_of(child) for child in c.deferred),
-        parent_template=parent[0] if parent else None,
         parent_name=parent[1] if parent else None,
     )
 
@@ -277,6 +274,5 @@ def _group_plan(
         scheduler_name=trainjob.scheduler_of(rjs[group.targets[0]]),
         counted=counted,
         min_resources=tuple((k, resources.text(v)) for k, v in sorted(total.items())),
-        parent_template=composites[group.parent][0] if group.parent else None,
         parent_name=composites[group.parent][1] if group.parent else None,
     )

@@ -75,10 +75,6 @@ class Cache:
     def store(self, kind: Kind) -> Store:
         return self.gang_stores[kind]
 
-    def backend_stores(self, backend: GangBackend) -> tuple[Store, ...]:
-        """The stores of one backend's kinds; watched only while its API is served."""
-        return tuple(self.gang_stores[k] for k in backend.kinds)
-
     def api(self, backend: GangBackend | str) -> GangApi:
         """What discovery says of a backend's API."""
         return self.apis.get(backend if isinstance(backend, str) else backend.name, "unknown")
