@@ -36,8 +36,10 @@ LEASE_DURATION, RENEW_DEADLINE, RETRY_PERIOD = 1.0, 0.6, 0.1
 MICRO_TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
 
 
-def settings(identity: str) -> LeaseSettings:
-    return LeaseSettings(NS, NAME, identity, LEASE_DURATION, RENEW_DEADLINE, RETRY_PERIOD)
+def settings(
+    identity: str, lease: float = LEASE_DURATION, renew: float = RENEW_DEADLINE
+) -> LeaseSettings:
+    return LeaseSettings(NS, NAME, identity, lease, renew, RETRY_PERIOD)
 
 
 class Stage:
@@ -96,13 +98,15 @@ class Replica:
 
 
 @contextlib.asynccontextmanager
-async def replicas(url: str, *identities: str) -> AsyncIterator[tuple[Stage, list[Replica]]]:
+async def replicas(
+    url: str, *identities: str, lease: float = LEASE_DURATION, renew: float = RENEW_DEADLINE
+) -> AsyncIterator[tuple[Stage, list[Replica]]]:
     stage = Stage()
     async with contextlib.AsyncExitStack() as stack:
         started: list[Replica] = []
         for identity in identities:
             api = await stack.enter_async_context(api_client(url, user_agent=identity))
-            started.append(Replica(LeaderElector(api, settings(identity)), stage))
+            started.append(Replica(LeaderElector(api, settings(identity, lease, renew)), stage))
         try:
             yield stage, started
         finally:
@@ -286,7 +290,16 @@ async def test_a_hung_api_server_cannot_keep_a_leader_leading() -> None:
 @pytest.mark.asyncio
 @pytest.mark.parametrize("race", ["create", "take-over"])
 async def test_two_electors_started_at_once_one_leads(race: str) -> None:
-    async with emulator() as (k, url), replicas(url, "a", "b") as (stage, [a, b]):
+    # Longer terms than the other tests: this one is about the race, not about timing, and a
+    # loaded CI machine once let a 0.6 s renewal lapse while the test watched for a steady lead.
+    lease, renew = 4 * LEASE_DURATION, 4 * RENEW_DEADLINE
+    async with (
+        emulator() as (k, url),
+        replicas(url, "a", "b", lease=lease, renew=renew) as (
+            stage,
+            [a, b],
+        ),
+    ):
         if race == "take-over":  # a free lease, as a released one: both PUT the same version
             free = {"holderIdentity": "", "leaseDurationSeconds": 1, "leaseTransitions": 4}
             await create(k, LEASES, {"metadata": {"name": NAME, "namespace": NS}, "spec": free})
@@ -311,7 +324,7 @@ async def test_two_electors_started_at_once_one_leads(race: str) -> None:
         writes = k[kmock.action.CREATE if race == "create" else kmock.method.PUT, LEASES]
         # both wrote the version they read: the API server let one win, the other got 409
         await eventually(lambda: len(writes) == 2, "both tried")
-        await asyncio.sleep(2 * LEASE_DURATION)
+        await asyncio.sleep(2 * LEASE_DURATION)  # the loser has read the lease back and waits
         leader, other = (a, b) if a.leading else (b, a)
         assert leader.changes == [True] and other.changes == [] and stage.on == {leader.identity}
         spec = await lease_spec(k)
