@@ -1,0 +1,489 @@
+"""Could a TrainJob's gangs ever fit? Per gang, per domain of its topology key (pure: no I/O).
+
+For each gang of a plan: the nodes its pods may use (`placement.py`), grouped by their value of
+the gang's topology key (the whole cluster is the one domain of a gang without a key; nodes
+without the label are left out), and in each domain how many of the gang's pods fit, whole
+pods per node, summed over the domain's nodes, as if the cluster were empty. A gang that fits
+in no domain can never be scheduled as configured. The pods counted are its minCount's (a
+ReplicatedJob that joins later, like an MPI launcher, is not).
+
+A gang whose pods differ (several ReplicatedJobs): packing different pods exactly is a
+bin-packing problem, so a domain is ruled out only by conditions every placement must meet,
+never by a guess:
+1. each ReplicatedJob's counted pods alone fit in it (whole pods per node, on the nodes those
+   pods may use), and
+2. the gang's total request of each resource, and its pod count, are within what the domain's
+   usable nodes have together.
+A gang said not to fit cannot; one said to fit may still not (it then waits, as for capacity).
+A domain's capacity is the gang's minCount scaled by the tightest of these ratios, rounded
+down: exact for a gang of one pod shape, an upper bound for a mixed one.
+
+A gang of gangs (a gang CompositePodGroup) is judged as one mixed gang of all the pods of its
+counted leaves, in its own topology key, besides each leaf on its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from fractions import Fraction
+from typing import Literal
+
+from . import resources
+from .layout import GroupKind
+from .nodes import NodeShape
+from .placement import Exclusion, PodNeeds, Unjudged, needs_of
+from .plan import CompositePlan, GroupPlan, Plan
+from .podcounts import uses_num_nodes
+from .trainer import Runtime, TrainJob
+
+Reason = Literal["NoMatchingNodes", "NoTopologyLabel", "PodTooLarge", "DomainTooSmall"]
+REASONS: tuple[Reason, ...] = (
+    "NoMatchingNodes",
+    "NoTopologyLabel",
+    "PodTooLarge",
+    "DomainTooSmall",
+)
+UNLABELLED = "unlabelled"
+
+
+@dataclass(frozen=True)
+class Part:
+    """The counted pods of one ReplicatedJob in a gang."""
+
+    replicated_job: str
+    needs: PodNeeds
+    count: int
+
+
+@dataclass(frozen=True)
+class Demand:
+    """What a gang asks of one domain: its parts, and the label key of its domains."""
+
+    parts: tuple[Part, ...]
+    topology_key: str | None
+
+    @property
+    def pods(self) -> int:
+        return sum(p.count for p in self.parts)
+
+
+@dataclass(frozen=True)
+class Gang:
+    label: str  # how messages name it: its ReplicatedJobs
+    demand: Demand
+    groups: tuple[str, ...]  # its PodGroups (several: the alike Jobs of a level-3 entry) or
+    # CompositePodGroup
+    sized_by_num_nodes: bool = False  # a denial points at spec.trainer.numNodes
+
+
+@dataclass(frozen=True)
+class DomainFit:
+    value: str | None  # the label value; None: the whole cluster
+    nodes: int  # nodes in the domain
+    usable: int  # of them, nodes some pod of the gang may use
+    capacity: int  # pods of the gang the domain holds (see the module's docstring)
+    ratio: Fraction = field(repr=False)
+    binding: tuple[str, str] = (
+        "",
+        "",
+    )  # what limits it: ("part", rj), ("resource", r), ("pods", "")
+    have: Decimal = Decimal(0)  # how much of the binding resource the usable nodes have
+    part_pods: Mapping[str, int] = field(default_factory=dict, compare=False)
+    """Per ReplicatedJob: how many of its pods the domain holds alone."""
+    part_has: Mapping[tuple[str, str], Decimal] = field(default_factory=dict, compare=False)
+    """Per (ReplicatedJob, resource): what the nodes its pods may use have together."""
+
+
+@dataclass(frozen=True)
+class Fit:
+    """The judgement of one demand against the nodes."""
+
+    fits: bool
+    reason: Reason | None
+    nodes: int  # every node of the summary
+    domains: tuple[DomainFit, ...]  # best first
+    left_out: Mapping[str, int]  # nodes no pod of the gang may use, by why (and unlabelled)
+    detail: str = ""  # for a reason: the sentence after the gang's name
+
+    @property
+    def best(self) -> DomainFit | None:
+        return self.domains[0] if self.domains else None
+
+    def headroom(self, demand: Demand) -> int:
+        """Pods the largest domain holds beyond the gang (negative: it can never fit)."""
+        best = self.best
+        return (best.capacity if best else 0) - demand.pods
+
+
+class Nodes:
+    """What judging reads: the node shapes with their counts, and the label keys shapes drop."""
+
+    def __init__(
+        self, shapes: Mapping[NodeShape, int], dropped_keys: frozenset[str] | None
+    ) -> None:
+        self.shapes = shapes
+        self.dropped_keys = dropped_keys
+
+
+# --- the gangs of a plan -----------------------------------------------------------------------
+
+
+def gangs_of(
+    plan: Plan, runtime: Runtime, trainjob: TrainJob, *, topology: bool = True
+) -> tuple[list[Gang], list[str]]:
+    """The gangs of a plan to judge, and notes on those that cannot be judged. With
+    `topology=False` (a backend whose domains are not node labels) every gang is judged over
+    the whole cluster."""
+    rjs = {rj.name: rj for rj in runtime.replicated_jobs}
+    needs: dict[str, PodNeeds | str] = {}
+
+    def needs_for(name: str) -> PodNeeds | str:
+        if name not in needs:
+            rj = rjs[name]
+            requests = resources.replicated_job_requests(runtime, trainjob, rj)
+            try:
+                needs[name] = needs_of(requests, rj.pod_spec.dump(), trainjob.pod_patches(name))
+            except Unjudged as why:
+                needs[name] = f"its {name} pods: {why}"
+        return needs[name]
+
+    gangs: list[Gang] = []
+    notes: list[str] = []
+    jobs: dict[tuple[Demand, str], int] = {}  # one level-3 entry's Jobs: (gang index, Jobs)
+    counts: dict[int, int] = {}
+    leaves: dict[str, tuple[Part, ...]] = {}
+    for group in plan.groups:
+        if group.policy != "gang":
+            continue
+        parts: list[Part] = []
+        for name, count in group.counted:
+            if count <= 0:
+                continue
+            found = needs_for(name)
+            if isinstance(found, str):
+                notes.append(f"gang {_label(group)} is not judged: {found}")
+                break
+            parts.append(Part(name, found, count))
+        else:
+            if not parts:
+                continue
+            demand = Demand(tuple(parts), group.topology_key if topology else None)
+            leaves[group.template_name] = demand.parts
+            same_entry = (demand, group.replicated_jobs[0])
+            if group.kind is GroupKind.JOB and same_entry in jobs:
+                index = jobs[same_entry]  # its Jobs are alike: judged (and told) once
+                counts[index] += 1
+                first = gangs[index]
+                groups = (*first.groups, group.pod_group_name)
+                gangs[index] = Gang(first.label, demand, groups, first.sized_by_num_nodes)
+                continue
+            if group.kind is GroupKind.JOB:
+                jobs[same_entry], counts[len(gangs)] = len(gangs), 1
+            sized = any(uses_num_nodes(runtime, rjs[p.replicated_job]) for p in parts)
+            gangs.append(Gang(_label(group), demand, (group.pod_group_name,), sized))
+    for index, count in counts.items():
+        if count > 1:
+            gang = gangs[index]
+            name = gang.label.split(" Job ")[0]
+            label = f"{name} (each of {count} Jobs)"
+            gangs[index] = Gang(label, gang.demand, gang.groups, gang.sized_by_num_nodes)
+    for composite in plan.composites:
+        whole = _composite_gang(composite, plan, leaves, topology)
+        if whole is not None:
+            gangs.append(whole)
+    return gangs, notes
+
+
+def _label(group: GroupPlan) -> str:
+    jobs = "+".join(group.replicated_jobs)
+    return f"{jobs} Job {group.job_index}" if group.job_index is not None else jobs
+
+
+def _composite_gang(
+    composite: CompositePlan, plan: Plan, leaves: Mapping[str, tuple[Part, ...]], topology: bool
+) -> Gang | None:
+    """All the counted pods under a gang composite, as one mixed gang (None when a leaf under
+    it is not judged, or it holds one leaf: that leaf says it all)."""
+    below = {c.template_name: c for c in plan.composites}
+    merged: dict[tuple[str, PodNeeds], int] = {}
+    count = 0
+
+    def walk(names: Iterable[str], later: Sequence[str]) -> bool:
+        nonlocal count
+        for name in names:
+            if name in later:
+                continue
+            if name in below:
+                child = below[name]
+                if not walk(child.children, child.joins_later):
+                    return False
+            elif name in leaves:
+                count += 1
+                for part in leaves[name]:
+                    merged[(part.replicated_job, part.needs)] = (
+                        merged.get((part.replicated_job, part.needs), 0) + part.count
+                    )
+            else:
+                return False  # a basic or unjudged group: the composite is not judged
+        return True
+
+    if composite.policy != "gang" or not walk(composite.children, composite.joins_later):
+        return None
+    if count < 2:
+        return None
+    parts = tuple(Part(rj, needs, n) for (rj, needs), n in merged.items())
+    label = f"{'+'.join(composite.replicated_jobs)} ({count} gangs together)"
+    key = composite.topology_key if topology else None
+    return Gang(label, Demand(parts, key), (composite.name,))
+
+
+# --- judging ------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Domain:
+    parts: int
+    nodes: int = 0
+    usable: int = 0
+    slots: int = 0  # pods allocatable of the usable nodes
+    fit: list[int] = field(default_factory=list)
+    part_has: list[dict[str, Decimal]] = field(default_factory=list)
+    has: dict[str, Decimal] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.fit = [0] * self.parts
+        self.part_has = [{} for _ in range(self.parts)]
+
+
+def judge(demand: Demand, nodes: Nodes) -> Fit:
+    parts, key = demand.parts, demand.topology_key
+    total_nodes = sum(nodes.shapes.values())
+    wanted = _total_requests(parts)
+    domains: dict[str | None, _Domain] = {}
+    left: dict[str, int] = {}
+    part_left: list[dict[Exclusion, int]] = [{} for _ in parts]
+    usable_anywhere = [0] * len(parts)
+    usable_labelled = [0] * len(parts)
+    largest: list[dict[str, Decimal]] = [{} for _ in parts]
+    for shape, count in nodes.shapes.items():
+        verdicts = [p.needs.excluded(shape, nodes.dropped_keys) for p in parts]
+        for i, why in enumerate(verdicts):
+            if why is not None:
+                part_left[i][why] = part_left[i].get(why, 0) + count
+            else:
+                usable_anywhere[i] += count
+        value = shape.label(key) if key else None
+        labelled = not key or value is not None
+        if all(v is not None for v in verdicts):
+            first = next(v for v in verdicts if v is not None)
+            left[first] = left.get(first, 0) + count
+            if labelled:
+                domains.setdefault(value, _Domain(len(parts))).nodes += count
+            continue
+        if not labelled:
+            left[UNLABELLED] = left.get(UNLABELLED, 0) + count
+            continue
+        domain = domains.setdefault(value, _Domain(len(parts)))
+        domain.nodes += count
+        domain.usable += count
+        domain.slots += count * int(shape.has("pods"))
+        for resource in wanted:
+            domain.has[resource] = domain.has.get(resource, Decimal(0)) + count * shape.has(
+                resource
+            )
+        for i, part in enumerate(parts):
+            if verdicts[i] is not None:
+                continue
+            usable_labelled[i] += count
+            domain.fit[i] += count * part.needs.per_node(shape)
+            for resource, _ in part.needs.requests:
+                amount = shape.has(resource)
+                had = domain.part_has[i].get(resource, Decimal(0))
+                domain.part_has[i][resource] = had + count * amount
+                largest[i][resource] = max(largest[i].get(resource, Decimal(0)), amount)
+    fits = sorted(
+        (_domain_fit(value, d, demand, wanted) for value, d in domains.items()),
+        key=lambda f: (-f.ratio, -f.usable, f.value or ""),
+    )
+    reason, detail = _reason(demand, fits, domains, part_left, usable_anywhere, usable_labelled)
+    if reason == "PodTooLarge":
+        detail = _too_large(demand, largest)
+    ok = reason is None
+    return Fit(ok, reason, total_nodes, tuple(fits), left, detail)
+
+
+def _total_requests(parts: Sequence[Part]) -> dict[str, Decimal]:
+    total: dict[str, Decimal] = {}
+    for part in parts:
+        for resource, amount in part.needs.requests:
+            total[resource] = total.get(resource, Decimal(0)) + amount * part.count
+    return total
+
+
+def _domain_fit(
+    value: str | None, d: _Domain, demand: Demand, wanted: Mapping[str, Decimal]
+) -> DomainFit:
+    parts = demand.parts
+    terms: list[tuple[Fraction, tuple[str, str], Decimal]] = [
+        (Fraction(d.fit[i], p.count), ("part", p.replicated_job), Decimal(d.fit[i]))
+        for i, p in enumerate(parts)
+    ]
+    if len(parts) > 1:  # one shape: its whole-pod count already bounds these
+        terms += [
+            (
+                Fraction(d.has.get(r, Decimal(0))) / Fraction(need),
+                ("resource", r),
+                d.has.get(r, Decimal(0)),
+            )
+            for r, need in wanted.items()
+        ]
+        terms.append((Fraction(d.slots, demand.pods), ("pods", ""), Decimal(d.slots)))
+    ratio, binding, have = min(terms, key=lambda t: t[0])
+    capacity = int(ratio * demand.pods)
+    part_pods = {p.replicated_job: d.fit[i] for i, p in enumerate(parts)}
+    part_has = {
+        (p.replicated_job, r): amount
+        for i, p in enumerate(parts)
+        for r, amount in d.part_has[i].items()
+    }
+    return DomainFit(value, d.nodes, d.usable, capacity, ratio, binding, have, part_pods, part_has)
+
+
+def _reason(
+    demand: Demand,
+    fits: Sequence[DomainFit],
+    domains: Mapping[str | None, _Domain],
+    part_left: Sequence[Mapping[Exclusion, int]],
+    usable_anywhere: Sequence[int],
+    usable_labelled: Sequence[int],
+) -> tuple[Reason | None, str]:
+    key = demand.topology_key
+    for i, part in enumerate(demand.parts):
+        whose = _whose(demand, part)
+        if usable_anywhere[i] == 0:
+            return "NoMatchingNodes", f"no node takes {whose} ({_left_out(part_left[i])})"
+        if key and usable_labelled[i] == 0:
+            n = usable_anywhere[i]
+            return "NoTopologyLabel", (f"none of the {n} nodes {whose} may use has the label {key}")
+        if all(d.fit[i] == 0 for d in domains.values()):
+            return "PodTooLarge", ""
+    best = fits[0] if fits else None
+    if best is None or best.ratio >= 1:
+        return None, ""
+    return "DomainTooSmall", ""
+
+
+def _whose(demand: Demand, part: Part) -> str:
+    return "its pods" if len(demand.parts) == 1 else f"its {part.replicated_job} pods"
+
+
+def _left_out(counts: Mapping[Exclusion, int]) -> str:
+    words: dict[Exclusion, str] = {
+        "cordoned": "cordoned",
+        "tainted": "with taints they do not tolerate",
+        "unselected": "outside their nodeSelector/affinity",
+    }
+    shown = [f"{counts[k]} {w}" for k, w in words.items() if counts.get(k)]
+    return ", ".join(shown) or "no nodes"
+
+
+def _too_large(demand: Demand, largest: Sequence[Mapping[str, Decimal]]) -> str:
+    for i, part in enumerate(demand.parts):
+        for resource, amount in part.needs.requests:
+            most = largest[i].get(resource, Decimal(0))
+            if most < amount:
+                return (
+                    f"no node has room for one of {_whose(demand, part)}: each needs "
+                    f"{amount_text(resource, amount)} {resource}, no node has more than "
+                    f"{amount_text(resource, most)}"
+                )
+    part = demand.parts[0]
+    return f"no node has room for one of {_whose(demand, part)} ({requests_text(part.needs)} each)"
+
+
+# --- words --------------------------------------------------------------------------------------
+
+
+def message(gang: Gang, fit: Fit) -> str:
+    """One sentence: why the gang can never fit (empty when it fits)."""
+    demand = gang.demand
+    head = f"gang {gang.label} of {demand.pods} pods"
+    if fit.reason is None:
+        return ""
+    if fit.reason != "DomainTooSmall":
+        return f"{head}: {fit.detail}"
+    best = fit.best
+    assert best is not None
+    key = demand.topology_key
+    where = f"in one {key}" if key else "in the cluster"
+    noun = key.rsplit("/", 1)[-1] if key else ""
+    place = f"the largest {noun}" if key else "the cluster"
+    nodes = _nodes_text(best)
+    inside = f"({best.value}, {nodes})" if key else f"({nodes})"
+    kind, what = best.binding
+    if kind == "part":
+        part = next(p for p in demand.parts if p.replicated_job == what)
+        mixed = len(demand.parts) > 1
+        who = f"gang {gang.label}: its {part.count} {what} pods" if mixed else head
+        short = _short_resource(part, best)
+        if short is not None:
+            resource, amount, have = short
+            return (
+                f"{who} need{'' if mixed else 's'} {amount_text(resource, amount)} {resource} "
+                f"{where}; {place} has {amount_text(resource, have)} {inside}"
+            )
+        held = best.part_pods.get(what, 0)
+        return (
+            f"{who} {'do' if mixed else 'does'} not fit {where}: {place} holds {held} of them "
+            f"{inside[:-1]}; {requests_text(part.needs)} each)"
+        )
+    if kind == "resource":
+        need = _total_requests(demand.parts)[what]
+        return (
+            f"{head} needs {amount_text(what, need)} {what} {where}; {place} has "
+            f"{amount_text(what, best.have)} {inside}"
+        )
+    return (
+        f"{head} needs room for {demand.pods} pods {where}; {place} has {int(best.have)} {inside}"
+    )
+
+
+def _nodes_text(best: DomainFit) -> str:
+    return f"{best.usable} nodes" if best.usable == best.nodes else f"{best.usable} usable nodes"
+
+
+def _short_resource(part: Part, best: DomainFit) -> tuple[str, Decimal, Decimal] | None:
+    """The resource whose total in the best domain falls furthest short of the part's need,
+    if one does (otherwise whole-pod packing, or the pods limit, keeps the gang out)."""
+    found: tuple[Fraction, str, Decimal, Decimal] | None = None
+    for resource, amount in part.needs.requests:
+        need = amount * part.count
+        have = best.part_has.get((part.replicated_job, resource), Decimal(0))
+        if have >= need:
+            continue
+        ratio = Fraction(have) / Fraction(need)
+        if found is None or ratio < found[0]:
+            found = (ratio, resource, need, have)
+    return None if found is None else found[1:]
+
+
+BINARY = (("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10))
+BYTES = ("memory", "ephemeral-storage")
+
+
+def amount_text(resource: str, value: Decimal) -> str:
+    """A quantity as people read it: memory in Ki/Mi/Gi/Ti when exact, cpu in cores or m."""
+    if resource in BYTES or resource.startswith("hugepages-"):
+        for suffix, size in BINARY:
+            if value >= size and value % size == 0:
+                return f"{int(value // size)}{suffix}"
+    return resources.text(value)
+
+
+def requests_text(needs: PodNeeds, most: int = 3) -> str:
+    """A pod's main requests: extended resources first, then cpu and memory."""
+    ordered = sorted(needs.requests, key=lambda r: ("/" not in r[0], r[0] != "cpu", r[0]))
+    shown = [f"{amount_text(r, v)} {r}" for r, v in ordered[:most]]
+    return ", ".join(shown) or "no requests"
