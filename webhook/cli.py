@@ -367,6 +367,9 @@ _SERVE_OPTIONS: list[tuple[str, str, Any, str, str]] = [
     ("--kai-topology", "KAI_TOPOLOGY", _object_name, "cluster-topology",
      "KAI Topology holding the gangs' topology keys as levels (a TrainJob's "
      "kai.scheduler/topology annotation wins; empty: KAI ignores the keys)"),
+    ("--feasibility", "FEASIBILITY", str.lower, "warn",
+     "gangs of a new TrainJob that could never fit on the nodes: warn, deny, or off (no Node "
+     "watch; a runtime's trainjob-scheduling.dev/feasibility annotation wins)"),
     ("--log-level", "LOG_LEVEL", str.lower, "info", "debug, info, warning or error"),
     ("--cert-management", "CERT_MANAGEMENT", str.lower, "auto",
      "files: tls.crt/tls.key in --cert-dir; self: a Secret this service keeps, its CA injected "
@@ -387,6 +390,7 @@ _SERVE_OPTIONS: list[tuple[str, str, Any, str, str]] = [
 CONFIG_KEYS = {flag[2:] for flag, *_ in _SERVE_OPTIONS}
 _CHOICES = {
     "--log-level": ["debug", "info", "warning", "error"],
+    "--feasibility": ["warn", "deny", "off"],
     "--cert-management": ["auto", "self", "files"],
 }
 
@@ -514,6 +518,7 @@ def serve_command(args: argparse.Namespace) -> int:
         },
         kai=KaiSettings(args.kai_default_queue, args.kai_topology),
         volcano=VolcanoSettings(topology_tiers=args.volcano_topology_tiers),
+        feasibility=args.feasibility,
         certs=CertSettings(
             mode=args.cert_management,
             secret_name=args.cert_secret_name,

@@ -105,6 +105,7 @@ matchExpressions:
 - --watch-namespaces={{ join "," . }}
 {{- end }}
 - --backends={{ join "," $s.backends }}
+- --feasibility={{ $s.feasibility }}
 {{- if eq .Values.certManagement "self" }}
 - --cert-management=self
 - --cert-secret-name={{ include "tjs.secretName" . }}
