@@ -27,8 +27,8 @@ from tests.kube_emulator import (
     MERGE_PATCH,
     NODES,
     OPTIMISTIC_LOCK,
-    PODS,
     POD_GROUPS,
+    PODS,
     SECRETS,
     STRATEGIC_MERGE_PATCH,
     TRAINER,
@@ -655,7 +655,7 @@ async def test_label_selectors_pick_in_lists_and_watches_as_the_api_server_parse
 
 @pytest.mark.asyncio
 async def test_lists_come_in_pages_with_continue_tokens() -> None:
-    async with emulator() as (k, url):
+    async with emulator() as (k, _):
         for i in range(5):
             await create(k, NODES, {"metadata": {"name": f"node-{i}"}})
         first_rv = k.resource_version

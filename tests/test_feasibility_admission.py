@@ -25,7 +25,7 @@ from tests.kube_emulator import (
     eventually,
     status_object,
 )
-from tests.nodes import ZONE, nodes
+from tests.nodes import nodes
 from tests.test_backends import TRAINJOB_PATH, cache_with, review
 from tests.test_feasibility import IN_ZONE, gpu_node
 from tests.test_informer import readyz, serving
@@ -78,7 +78,9 @@ def test_the_runtime_annotation_or_the_service_flag_makes_it_a_denial(tmp_path: 
         denied = post(c, trainjob(num_nodes=64))
         assert denied["allowed"] is False and denied["status"]["code"] == 422
         (cause,) = denied["status"]["details"]["causes"]
-        assert cause["field"] == "spec.trainer.numNodes" and cause["reason"] == "FieldValueForbidden"
+        assert (
+            cause["field"] == "spec.trainer.numNodes" and cause["reason"] == "FieldValueForbidden"
+        )
         assert cause["message"] == (
             f"Forbidden: {NEVER} (denied: the runtime's {MODE_ANNOTATION} is deny)"
         )
