@@ -484,3 +484,45 @@ def test_trimming_keeps_only_what_a_shape_is_read_from() -> None:
     del fresh["status"]["allocatable"]
     (shape,) = summary_of([fresh]).shapes
     assert shape.has(GPU) == 8
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 5),  # which node
+            st.sampled_from(["zone-a", "zone-b", None]),
+            st.sampled_from([0, 4, 8]),  # GPUs
+            st.booleans(),  # cordoned
+            st.booleans(),  # tainted
+            st.booleans(),  # deleted
+        ),
+        max_size=12,
+    )
+)
+def test_tallies_kept_up_to_date_by_node_events_judge_as_a_fresh_look(
+    events: list[tuple[int, str | None, int, bool, bool, bool]],
+) -> None:
+    """The service's judgements after any sequence of node events equal a judgement of the
+    nodes as they then are, from nothing (its tallies are updated event by event)."""
+    from webhook.kube.feasibility import Feasibility
+
+    feasibility = Feasibility()
+    summary = feasibility.summary
+    summary.replace(nodes("n", 6, zone="zone-a", gpus=8))
+    tolerant = PodNeeds(((GPU, Decimal(4)),))
+    fussy = PodNeeds(((GPU, Decimal(8)), ("cpu", Decimal(30))))
+    demands = [
+        Demand((Part("node", tolerant, 5),), ZONE),
+        Demand((Part("node", tolerant, 3), Part("eval", fussy, 2)), ZONE),
+        Demand((Part("node", fussy, 4),), None),
+    ]
+    for demand in demands:
+        feasibility.judge(demand)  # tallies made now, then kept up to date
+    for index, zone, gpus, cordoned, tainted, deleted in events:
+        obj = node(f"n-{index}", zone=zone, gpus=gpus, cordoned=cordoned,
+                   taints=[GPU_TAINT] if tainted else None)  # fmt: skip
+        summary.apply("DELETED" if deleted else "MODIFIED", obj)
+        for demand in demands:
+            fresh = judge(demand, Nodes(summary.shapes, summary.dropped_keys))
+            assert feasibility.judge(demand) == fresh, (demand, events)

@@ -24,8 +24,8 @@ counted leaves, in its own topology key, besides each leaf on its own.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from fractions import Fraction
 from typing import Literal
@@ -117,14 +117,56 @@ class Fit:
         return (best.capacity if best else 0) - demand.pods
 
 
+Verdict = tuple[Exclusion | None, int]  # (why a pod is kept off a shape, pods per node)
+
+
 class Nodes:
-    """What judging reads: the node shapes with their counts, and the label keys shapes drop."""
+    """What judging reads: the node shapes with their counts, the label keys shapes drop, and
+    (optionally) memos: each pod's verdict per shape (shapes are values that never change, so
+    a verdict holds for as long as the dropped keys do, across node changes and reviews), and
+    tallies per node version."""
 
     def __init__(
-        self, shapes: Mapping[NodeShape, int], dropped_keys: frozenset[str] | None
+        self,
+        shapes: Mapping[NodeShape, int],
+        dropped_keys: frozenset[str] | None,
+        memo: dict[PodNeeds, dict[NodeShape, Verdict]] | None = None,
+        tallies: dict[tuple[tuple[PodNeeds, ...], str | None], Tally] | None = None,
     ) -> None:
         self.shapes = shapes
         self.dropped_keys = dropped_keys
+        self.memo = memo
+        self.tallies = tallies
+        """Tallies of these very shapes and counts (the owner clears them when a node changes)."""
+
+    def tally(self, needs: Sequence[PodNeeds], key: str | None) -> Tally:
+        if self.tallies is None:
+            return tally(needs, key, self)
+        memo_key = (tuple(needs), key)
+        found = self.tallies.get(memo_key)
+        if found is None:
+            found = self.tallies[memo_key] = tally(needs, key, self)
+        return found
+
+    def verdicts(self, needs: PodNeeds) -> Callable[[NodeShape], Verdict]:
+        """`shape -> (why excluded, pods per node)` for one pod, memoised when there is a memo."""
+        dropped = self.dropped_keys
+
+        def verdict(shape: NodeShape) -> Verdict:
+            why = needs.excluded(shape, dropped)
+            return why, (needs.per_node(shape) if why is None else 0)
+
+        if self.memo is None:
+            return verdict
+        known = self.memo.setdefault(needs, {})
+
+        def remembered(shape: NodeShape) -> Verdict:
+            found = known.get(shape)
+            if found is None:
+                found = known[shape] = verdict(shape)
+            return found
+
+        return remembered
 
 
 # --- the gangs of a plan -----------------------------------------------------------------------
@@ -249,69 +291,131 @@ class _Domain:
     usable: int = 0
     slots: int = 0  # pods allocatable of the usable nodes
     fit: list[int] = field(default_factory=list)
-    part_has: list[dict[str, Decimal]] = field(default_factory=list)
-    has: dict[str, Decimal] = field(default_factory=dict)
+    members: dict[NodeShape, tuple[int, tuple[bool, ...]]] = field(default_factory=dict)
+    """Its usable shapes: their node counts, and which parts each may take."""
+    has: dict[str, Decimal] = field(default_factory=dict)  # (a mixed gang's) resource sums
 
     def __post_init__(self) -> None:
         self.fit = [0] * self.parts
-        self.part_has = [{} for _ in range(self.parts)]
+
+
+@dataclass
+class Tally:
+    """What the nodes offer some pods in each domain of a key: everything but the gang's pod
+    counts, so one tally serves every size of a gang, and a node event updates it in place
+    (`add` of the shape it left with -1, of the shape it has now with +1)."""
+
+    needs: tuple[PodNeeds, ...]
+    key: str | None
+    resources: frozenset[str]  # summed per domain when the pods differ
+    total_nodes: int = 0
+    domains: dict[str | None, _Domain] = field(default_factory=dict)
+    left: dict[str, int] = field(default_factory=dict)
+    part_left: list[dict[Exclusion, int]] = field(default_factory=list)
+    usable_anywhere: list[int] = field(default_factory=list)
+    usable_labelled: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.part_left = [{} for _ in self.needs]
+        self.usable_anywhere = [0] * len(self.needs)
+        self.usable_labelled = [0] * len(self.needs)
+
+    def add(self, shape: NodeShape, count: int, verdicts: Sequence[Verdict]) -> None:
+        """`count` nodes of `shape` more (fewer, when negative)."""
+        self.total_nodes += count
+        for i, (why, _) in enumerate(verdicts):
+            if why is not None:
+                self.part_left[i][why] = self.part_left[i].get(why, 0) + count
+            else:
+                self.usable_anywhere[i] += count
+        key = self.key
+        value = shape.label(key) if key else None
+        takes = tuple(why is None for why, _ in verdicts)
+        if key and value is None:  # no domain: left out, first for why its pods would not go
+            out = UNLABELLED if any(takes) else next(w for w, _ in verdicts if w is not None)
+            _count(self.left, out, count)
+            return
+        domain = self.domains.get(value)
+        if domain is None:
+            domain = self.domains[value] = _Domain(len(self.needs))
+        domain.nodes += count
+        if not any(takes):
+            _count(self.left, next(w for w, _ in verdicts if w is not None), count)
+        else:
+            domain.usable += count
+            domain.slots += count * int(shape.has("pods"))
+            held = domain.members.get(shape, (0, takes))[0] + count
+            if held:
+                domain.members[shape] = (held, takes)
+            else:
+                del domain.members[shape]
+            for i, (why, per_node) in enumerate(verdicts):
+                if why is None:
+                    self.usable_labelled[i] += count
+                    domain.fit[i] += count * per_node
+            for resource in self.resources:
+                had = domain.has.get(resource, Decimal(0))
+                domain.has[resource] = had + count * shape.has(resource)
+        if not domain.nodes:
+            del self.domains[value]
+
+
+def _count(counts: dict[str, int], what: str, count: int) -> None:
+    counts[what] = counts.get(what, 0) + count
+    if not counts[what]:
+        del counts[what]
+
+
+def tally(needs: Sequence[PodNeeds], key: str | None, nodes: Nodes) -> Tally:
+    """Reads each node shape once."""
+    verdicts_of = [nodes.verdicts(n) for n in needs]
+    mixed = len(needs) > 1  # only then do the sums bound the ratio
+    resources = frozenset(r for n in needs for r, _ in n.requests) if mixed else frozenset()
+    found = Tally(tuple(needs), key, resources)
+    for shape, count in nodes.shapes.items():
+        found.add(shape, count, [of(shape) for of in verdicts_of])
+    return found
 
 
 def judge(demand: Demand, nodes: Nodes) -> Fit:
-    parts, key = demand.parts, demand.topology_key
-    total_nodes = sum(nodes.shapes.values())
+    parts = demand.parts
+    found = nodes.tally([p.needs for p in parts], demand.topology_key)
     wanted = _total_requests(parts)
-    domains: dict[str | None, _Domain] = {}
-    left: dict[str, int] = {}
-    part_left: list[dict[Exclusion, int]] = [{} for _ in parts]
-    usable_anywhere = [0] * len(parts)
-    usable_labelled = [0] * len(parts)
-    largest: list[dict[str, Decimal]] = [{} for _ in parts]
-    for shape, count in nodes.shapes.items():
-        verdicts = [p.needs.excluded(shape, nodes.dropped_keys) for p in parts]
-        for i, why in enumerate(verdicts):
-            if why is not None:
-                part_left[i][why] = part_left[i].get(why, 0) + count
-            else:
-                usable_anywhere[i] += count
-        value = shape.label(key) if key else None
-        labelled = not key or value is not None
-        if all(v is not None for v in verdicts):
-            first = next(v for v in verdicts if v is not None)
-            left[first] = left.get(first, 0) + count
-            if labelled:
-                domains.setdefault(value, _Domain(len(parts))).nodes += count
-            continue
-        if not labelled:
-            left[UNLABELLED] = left.get(UNLABELLED, 0) + count
-            continue
-        domain = domains.setdefault(value, _Domain(len(parts)))
-        domain.nodes += count
-        domain.usable += count
-        domain.slots += count * int(shape.has("pods"))
-        for resource in wanted:
-            domain.has[resource] = domain.has.get(resource, Decimal(0)) + count * shape.has(
-                resource
-            )
-        for i, part in enumerate(parts):
-            if verdicts[i] is not None:
-                continue
-            usable_labelled[i] += count
-            domain.fit[i] += count * part.needs.per_node(shape)
-            for resource, _ in part.needs.requests:
-                amount = shape.has(resource)
-                had = domain.part_has[i].get(resource, Decimal(0))
-                domain.part_has[i][resource] = had + count * amount
-                largest[i][resource] = max(largest[i].get(resource, Decimal(0)), amount)
+    domains = found.domains
     fits = sorted(
         (_domain_fit(value, d, demand, wanted) for value, d in domains.items()),
         key=lambda f: (-f.ratio, -f.usable, f.value or ""),
     )
-    reason, detail = _reason(demand, fits, domains, part_left, usable_anywhere, usable_labelled)
+    if fits and fits[0].value in domains:  # what the best domain has, for the message
+        fits[0] = _with_part_has(fits[0], domains[fits[0].value], parts)
+    reason, detail = _reason(
+        demand, fits, domains, found.part_left, found.usable_anywhere, found.usable_labelled
+    )
     if reason == "PodTooLarge":
-        detail = _too_large(demand, largest)
-    ok = reason is None
-    return Fit(ok, reason, total_nodes, tuple(fits), left, detail)
+        detail = _too_large(demand, domains)
+    left = {why: n for why, n in found.left.items() if n}
+    return Fit(reason is None, reason, found.total_nodes, tuple(fits), left, detail)
+
+
+def _sums(domain: _Domain, resources: Iterable[str], part: int) -> dict[str, Decimal]:
+    """What the nodes of a domain that part `part` may use have of each resource."""
+    out: dict[str, Decimal] = {}
+    for resource in resources:
+        total = Decimal(0)
+        for shape, (count, takes) in domain.members.items():
+            if takes[part]:
+                total += count * shape.has(resource)
+        out[resource] = total
+    return out
+
+
+def _with_part_has(fit: DomainFit, domain: _Domain, parts: Sequence[Part]) -> DomainFit:
+    part_has = {
+        (p.replicated_job, r): amount
+        for i, p in enumerate(parts)
+        for r, amount in _sums(domain, (r for r, _ in p.needs.requests), i).items()
+    }
+    return replace(fit, part_has=part_has)
 
 
 def _total_requests(parts: Sequence[Part]) -> dict[str, Decimal]:
@@ -343,12 +447,7 @@ def _domain_fit(
     ratio, binding, have = min(terms, key=lambda t: t[0])
     capacity = int(ratio * demand.pods)
     part_pods = {p.replicated_job: d.fit[i] for i, p in enumerate(parts)}
-    part_has = {
-        (p.replicated_job, r): amount
-        for i, p in enumerate(parts)
-        for r, amount in d.part_has[i].items()
-    }
-    return DomainFit(value, d.nodes, d.usable, capacity, ratio, binding, have, part_pods, part_has)
+    return DomainFit(value, d.nodes, d.usable, capacity, ratio, binding, have, part_pods)
 
 
 def _reason(
@@ -389,10 +488,18 @@ def _left_out(counts: Mapping[Exclusion, int]) -> str:
     return ", ".join(shown) or "no nodes"
 
 
-def _too_large(demand: Demand, largest: Sequence[Mapping[str, Decimal]]) -> str:
+def _too_large(demand: Demand, domains: Mapping[str | None, _Domain]) -> str:
     for i, part in enumerate(demand.parts):
         for resource, amount in part.needs.requests:
-            most = largest[i].get(resource, Decimal(0))
+            most = max(
+                (
+                    shape.has(resource)
+                    for d in domains.values()
+                    for shape, (_, takes) in d.members.items()
+                    if takes[i]
+                ),
+                default=Decimal(0),
+            )
             if most < amount:
                 return (
                     f"no node has room for one of {_whose(demand, part)}: each needs "

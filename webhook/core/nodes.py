@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 import sys
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Literal
@@ -72,6 +72,13 @@ class NodeShape:
 
     def label(self, key: str) -> str | None:
         return self.label_map.get(key)
+
+    @functools.cached_property
+    def _hash(self) -> int:
+        return hash((self.labels, self.allocatable, self.taints, self.unschedulable))
+
+    def __hash__(self) -> int:  # computed once: shapes are dict keys on every review
+        return self._hash
 
     def has(self, resource: str) -> Decimal:
         """Allocatable `resource` (0 when the node has none)."""
@@ -184,6 +191,11 @@ class NodeSummary:
         self._node_shapes: dict[str, NodeShape] = {}
         self._counts: dict[NodeShape, int] = {}
         self._canonical: dict[NodeShape, NodeShape] = {}
+        self._listeners: list[Callable[[NodeShape, int], None]] = []
+
+    def subscribe(self, listener: Callable[[NodeShape, int], None]) -> None:
+        """Told of every change in a shape's node count: (shape, +1 or -1)."""
+        self._listeners.append(listener)
 
     def __len__(self) -> int:
         return len(self._node_shapes)
@@ -243,6 +255,11 @@ class NodeSummary:
             self._counts[shape] = self._counts.get(shape, 0) + 1
             self._node_shapes[name] = shape
         self.version += 1
+        for listener in self._listeners:
+            if old is not None:
+                listener(old, -1)
+            if shape is not None:
+                listener(shape, 1)
 
 
 def summary_of(nodes: Iterable[dict[str, Any]]) -> NodeSummary:

@@ -17,6 +17,7 @@ Sizes a tenant writes are bounded before any work: past them the pod is not judg
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
@@ -104,6 +105,13 @@ class PodNeeds:
     node_selector: tuple[tuple[str, str], ...] = ()
     affinity: tuple[Term, ...] | None = None  # ORed terms of ANDed requirements; None: any
     tolerations: tuple[Toleration, ...] = ()
+
+    @functools.cached_property
+    def _hash(self) -> int:
+        return hash((self.requests, self.node_selector, self.affinity, self.tolerations))
+
+    def __hash__(self) -> int:  # computed once: a memo key per node shape
+        return self._hash
 
     def excluded(self, shape: NodeShape, dropped: frozenset[str] | None) -> Exclusion | None:
         """Why the scheduler keeps this pod off a node of `shape`; None when it does not."""

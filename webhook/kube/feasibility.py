@@ -15,8 +15,19 @@ from typing import Literal
 
 from ..backends.base import Context, GangBackend
 from ..backends.kai import KaiBackend, topology_of
-from ..core.feasibility import Demand, Fit, Gang, Nodes, gangs_of, judge, message
-from ..core.nodes import NodeSummary
+from ..core.feasibility import (
+    Demand,
+    Fit,
+    Gang,
+    Nodes,
+    Tally,
+    Verdict,
+    gangs_of,
+    judge,
+    message,
+)
+from ..core.nodes import NodeShape, NodeSummary
+from ..core.placement import PodNeeds
 from ..core.plan import Plan
 from ..core.trainer import Runtime, TrainJob
 
@@ -27,6 +38,8 @@ MODES: tuple[Mode, ...] = ("warn", "deny", "off")
 MODE_ANNOTATION = "trainjob-scheduling.dev/feasibility"
 """On a (Cluster)TrainingRuntime: warn, deny or off for its TrainJobs (wins over the flag)."""
 MAX_MEMO = 4096  # distinct gang demands remembered per node version
+MAX_PODS = 64  # pod shapes whose verdict per node shape is remembered (then forgotten at once)
+MAX_TALLIES = 256  # (pods, topology key) tallies kept up to date by every node event
 
 
 @dataclass(frozen=True)
@@ -68,8 +81,24 @@ class Feasibility:
         self.summary = summary or NodeSummary()
         self.mode = mode
         self._memo: dict[Demand, Fit] = {}
+        self._verdicts: dict[PodNeeds, dict[NodeShape, Verdict]] = {}
+        self._tallies: dict[tuple[tuple[PodNeeds, ...], str | None], Tally] = {}
+        self._dropped: frozenset[str] | None = frozenset()
         self._version = -1
         self._said: set[str] = set()
+        self.summary.subscribe(self._shape_changed)
+
+    def _shape_changed(self, shape: NodeShape, count: int) -> None:
+        """A node event: each tally is updated in place (a review then reads its domains)."""
+        if self.summary.dropped_keys != self._dropped:
+            return  # every verdict is judged again on the next review (see `judge`)
+        view = self._view()
+        for tally in self._tallies.values():
+            tally.add(shape, count, [view.verdicts(n)(shape) for n in tally.needs])
+
+    def _view(self) -> Nodes:
+        summary = self.summary
+        return Nodes(summary.shapes, summary.dropped_keys, self._verdicts, self._tallies)
 
     def unavailable(self) -> str | None:
         """Why nothing can be judged now; None when the nodes are known."""
@@ -82,11 +111,19 @@ class Feasibility:
     def judge(self, demand: Demand) -> Fit:
         summary = self.summary
         if summary.version != self._version:
-            self._memo.clear()
+            self._memo.clear()  # the tallies were kept up to date node by node
             self._version = summary.version
+            if summary.dropped_keys != self._dropped:
+                self._verdicts.clear()  # judged with other dropped keys: start again
+                self._tallies.clear()
+                self._dropped = summary.dropped_keys
         fit = self._memo.get(demand)
         if fit is None:
-            fit = judge(demand, Nodes(summary.shapes, summary.dropped_keys))
+            if len(self._verdicts) > MAX_PODS:
+                self._verdicts.clear()
+            if len(self._tallies) > MAX_TALLIES:
+                self._tallies.clear()
+            fit = judge(demand, self._view())
             if len(self._memo) >= MAX_MEMO:
                 self._memo.pop(next(iter(self._memo)))
             self._memo[demand] = fit
