@@ -41,7 +41,7 @@ from webhook.backends.base import Context
 from webhook.backends.native import NativeBackend
 from webhook.core.plan import build_plan
 from webhook.core.trainer import Runtime, TrainJob
-from webhook.explain.gather import gather
+from webhook.explain.gather import ExplainError, connect, gather
 from webhook.explain.report import build, render
 
 NS = "team-a"
@@ -286,6 +286,10 @@ async def run(*args: str, env: dict[str, str]) -> tuple[int, str, str]:
     return proc.returncode, out.decode(), err.decode()
 
 
+async def close(api: Any) -> None:
+    await api.close()  # untyped in the client
+
+
 def clean_env(home: Path, **more: str) -> dict[str, str]:
     env = {
         k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST")
@@ -323,23 +327,25 @@ async def test_the_kubectl_plugin_explains_as_json_and_errors_clearly(tmp_path: 
             assert out.startswith(f"TrainJob {NS}/my-job (runtime ClusterTrainingRuntime rt")
             assert "Verdict: can never fit as configured: gang node of 64 pods" in out
 
-    # No cluster at all: no kubeconfig, no ~/.kube/config, not in a pod.
-    code, out, err = await run(str(PLUGIN), "explain", "trainjob", "x", env=clean_env(tmp_path))
-    assert code == 1 and err.startswith("error: no cluster configured: pass --kubeconfig")
-    # A cluster that does not answer.
+
+@pytest.mark.asyncio
+async def test_no_cluster_and_a_dead_cluster_are_one_sentence(tmp_path: Path) -> None:
+    # No kubeconfig, no ~/.kube/config, not in a pod.
+    with pytest.raises(ExplainError, match=r"^no cluster configured: pass --kubeconfig"):
+        await connect(None, None, clean_env(tmp_path))
     config = tmp_path / "dead"
     config.write_text(kubeconfig("http://127.0.0.1:9"))
-    code, out, err = await run(
-        str(PLUGIN),
-        "explain",
-        "trainjob",
-        "x",
-        "--kubeconfig",
-        str(config),
-        env=clean_env(tmp_path),
-    )
-    assert code == 1 and err.startswith("error: cannot reach the cluster at http://127.0.0.1:9:")
-    assert "Traceback" not in err
+    cluster = await connect(str(config), None, clean_env(tmp_path))
+    try:
+        with pytest.raises(
+            ExplainError, match=r"^cannot reach the cluster at http://127\.0\.0\.1:9:"
+        ):
+            await gather(cluster.api, NS, "x")
+    finally:
+        await close(cluster.api)
+    assert cluster.namespace == "default"  # the context says none
+    with pytest.raises(ExplainError, match=r"^cannot load the cluster configuration"):
+        await connect(str(tmp_path / "missing"), None, clean_env(tmp_path))
 
 
 @pytest.mark.asyncio
@@ -363,16 +369,20 @@ async def test_forbidden_is_a_clear_error_and_forbidden_nodes_a_note(tmp_path: P
         await create(k, TRAINJOBS, trainjob(num_nodes=8, uid=None))
         config = tmp_path / "kubeconfig"
         config.write_text(token_kubeconfig(url, "bob-token"))
-        env = clean_env(tmp_path, KUBECONFIG=str(config))
-        code, out, err = await run(str(PLUGIN), "explain", "trainjob", "my-job", "-n", NS, env=env)
-        assert code == 1 and out == ""
-        assert err.startswith(f'error: cannot read TrainJob "{NS}/my-job": HTTP 403: ')
-        assert "cannot get resource" in err and "Traceback" not in err
+        bob = await connect(None, None, clean_env(tmp_path, KUBECONFIG=str(config)))
+        try:
+            with pytest.raises(ExplainError) as refused:
+                await gather(bob.api, NS, "my-job")
+        finally:
+            await close(bob.api)
+        assert str(refused.value).startswith(f'cannot read TrainJob "{NS}/my-job": HTTP 403: ')
+        assert "cannot get resource" in str(refused.value)
         # Alice may read the TrainJob and nothing else: a report, with notes for the rest.
         config.write_text(token_kubeconfig(url, "alice-token"))
-        code, out, err = await run(str(PLUGIN), "explain", "trainjob", "my-job", "-n", NS,
-                                   "-o", "json", env=env)  # fmt: skip
-        assert code == 0, err
-        notes = json.loads(out)["notes"]
+        alice_api = await connect(str(config), None, clean_env(tmp_path))
+        try:
+            notes = build(await gather(alice_api.api, NS, "my-job"))["notes"]
+        finally:
+            await close(alice_api.api)
         assert any(n.startswith("the nodes cannot be listed (HTTP 403") for n in notes), notes
         assert any("cannot be read (HTTP 403" in n for n in notes), notes  # the runtime

@@ -73,8 +73,8 @@ class Demand:
 class Gang:
     label: str  # how messages name it: its ReplicatedJobs
     demand: Demand
-    groups: tuple[str, ...]  # its PodGroups (several: the alike Jobs of a level-3 entry) or
-    # CompositePodGroup
+    groups: tuple[str, ...]
+    """Its PodGroups (several: the alike Jobs of a level-3 entry), or its CompositePodGroup."""
     sized_by_num_nodes: bool = False  # a denial points at spec.trainer.numNodes
 
 
@@ -85,15 +85,14 @@ class DomainFit:
     usable: int  # of them, nodes some pod of the gang may use
     capacity: int  # pods of the gang the domain holds (see the module's docstring)
     ratio: Fraction = field(repr=False)
-    binding: tuple[str, str] = (
-        "",
-        "",
-    )  # what limits it: ("part", rj), ("resource", r), ("pods", "")
+    binding: tuple[str, str] = ("", "")
+    """What limits it: ("part", rj), ("resource", r) or ("pods", "")."""
     have: Decimal = Decimal(0)  # how much of the binding resource the usable nodes have
     part_pods: Mapping[str, int] = field(default_factory=dict, compare=False)
     """Per ReplicatedJob: how many of its pods the domain holds alone."""
     part_has: Mapping[tuple[str, str], Decimal] = field(default_factory=dict, compare=False)
-    """Per (ReplicatedJob, resource): what the nodes its pods may use have together."""
+    """Per (ReplicatedJob, resource): what the nodes its pods may use have together (kept for
+    the best domain only: its message needs them)."""
 
 
 @dataclass(frozen=True)
@@ -193,8 +192,8 @@ def gangs_of(
 
     gangs: list[Gang] = []
     notes: list[str] = []
-    jobs: dict[tuple[Demand, str], int] = {}  # one level-3 entry's Jobs: (gang index, Jobs)
-    counts: dict[int, int] = {}
+    jobs: dict[tuple[Demand, str], int] = {}  # a level-3 entry (its demand, target): its gang
+    counts: dict[int, int] = {}  # that gang: how many Jobs it stands for
     leaves: dict[str, tuple[Part, ...]] = {}
     for group in plan.groups:
         if group.policy != "gang":
