@@ -214,7 +214,7 @@ def test_sizes_a_tenant_writes_are_bounded_before_any_work(tmp_path: Path) -> No
     import time
 
     many = 20_000
-    hostile = [
+    hostile: list[Json] = [
         {"tolerations": [{"key": f"k{i}", "operator": "Exists"} for i in range(many)]},
         {"nodeSelector": {f"k{i}": "v" for i in range(many)}},
         {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
