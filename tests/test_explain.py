@@ -261,6 +261,13 @@ async def test_what_cannot_be_read_becomes_a_note() -> None:
         assert report["feasibility"] is None
         assert "the cluster has no nodes: feasibility is not judged" in report["notes"]
         assert "Kueue's Workload API (kueue.x-k8s.io) is not served" in report["notes"]
+        # The gang API not served (GenericWorkload off): no gang, said in the verdict.
+        k.resources.pop(POD_GROUPS)
+        assert (await w.explain())["verdict"] == {
+            "state": "no-gang",
+            "text": "no gang: native gang scheduling is unavailable (scheduling.k8s.io/v1beta1 "
+            "is not served): its pods are scheduled one by one",
+        }
         # A runtime that does not exist: no plan, said in the verdict.
         await patch(k, TRAINJOBS, NS, "my-job", {"spec": {"runtimeRef": {"name": "gone"}}})
         report = await w.explain()

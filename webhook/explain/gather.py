@@ -66,6 +66,7 @@ class Findings:
     pods: list[Json] = field(default_factory=list)
     events: list[Json] = field(default_factory=list)
     kueue_workload: Json | None = None
+    unserved: list[str] = field(default_factory=list)  # group/versions of its backend not served
     nodes: NodeSummary | None = None
     notes: dict[str, str] = field(default_factory=dict)
     """What could not be read, by part of the report (gangs, pods, events, kueue, nodes)."""
@@ -223,7 +224,10 @@ async def _gang_objects(api: ApiClient, found: Findings) -> None:
         try:
             items, _ = await _list(api, path, 1000, selector)
         except Exception as err:
-            if not (isinstance(err, ApiException) and err.status == 404 and kind.optional):
+            not_served = isinstance(err, ApiException) and err.status == 404
+            if not_served and not kind.optional:
+                found.unserved.append(kind.group_version)
+            elif not not_served:
                 found.notes[f"gangs:{kind.kind}"] = f"{kind} cannot be listed: {_why(err)}"
             continue
         found.gang_objects += [(kind, item) for item in items]

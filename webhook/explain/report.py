@@ -223,6 +223,11 @@ def _decide(found: Findings, report: Json, judged: list[tuple[Gang, Fit]]) -> tu
         return "multikueue", "dispatched by MultiKueue: its pods run on a worker cluster"
     if backend is None:
         return "no-gang", f"no gang: no gang backend serves the scheduler {plan.scheduler_name!r}"
+    if found.unserved:
+        return "no-gang", (
+            f"no gang: {backend.name} gang scheduling is unavailable ({found.unserved[0]} is not "
+            "served): its pods are scheduled one by one"
+        )
     objects = {o["name"]: o for o in report["gangObjects"] if "state" in o}  # not the Workload
     gangs = [g for g in plan.groups if g.policy == "gang"]
     missing = [g.pod_group_name for g in plan.groups if g.pod_group_name not in objects]
