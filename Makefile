@@ -52,11 +52,13 @@ plan: setup
 	$(PY) -m webhook plan -o tree -f $(SAMPLES)/tpu-slices.trainjob.yaml -f $(SAMPLES)/tpu-slices.runtime.yaml
 
 ## bench: speed and memory figures (prints numbers; not a test): the planning core, then
-## concurrent HTTPS reviews against the service and against a bare uvicorn app
+## concurrent HTTPS reviews against the service and against a bare uvicorn app, the
+## reconciler, and feasibility at 100, 1,000 and 10,000 nodes
 bench: setup
 	$(PY) -m tests.bench.plan_bench
 	$(PY) -m tests.bench.admission_bench
 	$(PY) -m tests.bench.reconcile_bench
+	$(PY) -m tests.bench.feasibility_bench
 
 ## prometheus: Debian's Prometheus, which tests/test_prometheus.py runs (skipped without it,
 ## unless REQUIRE_PROMETHEUS=1); installed with apt-get when missing

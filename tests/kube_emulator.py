@@ -46,17 +46,28 @@ serves these two), with `=`, `==` and `!=`, terms joined by commas; any other fi
 `field label not supported`. That is how a client watches one object by name, the only watch an
 RBAC rule with `resourceNames` allows.
 
+Label selectors on lists and watches, in the API's syntax: `k=v`, `k==v`, `k!=v`, `k in (a,b)`,
+`k notin (a,b)`, `k`, `!k`, terms joined by commas; a malformed one is 400.
+
+Paged lists: `limit` gives at most that many items, in (namespace, name) order, with
+`metadata.continue` (and `remainingItemCount`) when more remain; `continue` resumes after the
+last key. Every page carries the first page's resourceVersion (a watch from it then replays
+what changed meanwhile); later pages show objects as they are when asked, where the API server
+would show its first page's snapshot. A token from before the last `compact()` is 410 Expired,
+an unreadable one 400.
+
 A `kubernetes.io/tls` Secret must hold `tls.crt` and `tls.key` (422 otherwise), and a Secret's
 `type` cannot change (422), as kube-apiserver validates them.
 
 Not emulated: status subresources (a write to `.../status` is a write to the whole object, and
-writes to the object change its status too), label selectors, field selectors on other fields,
+writes to the object change its status too), field selectors on other fields,
 dry runs, server-side apply, and propagation policies other than background.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import bisect
 import contextlib
 import copy
@@ -91,6 +102,9 @@ COMPOSITE_POD_GROUPS = kmock.resource("scheduling.k8s.io", "v1alpha3", "composit
 LEASES = kmock.resource("coordination.k8s.io", "v1", "leases")
 EVENTS = kmock.resource("events.k8s.io", "v1", "events")
 SECRETS = kmock.resource("", "v1", "secrets")
+NODES = kmock.resource("", "v1", "nodes")
+PODS = kmock.resource("", "v1", "pods")
+KUEUE_WORKLOADS = kmock.resource("kueue.x-k8s.io", "v1beta1", "workloads")
 PRIORITY_CLASSES = kmock.resource("scheduling.k8s.io", "v1", "priorityclasses")
 MUTATING_CONFIGS = kmock.resource(
     "admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations"
@@ -123,6 +137,8 @@ _SERVICE_KINDS = {  # what the service writes
     LEASES: ("Lease", True),
     EVENTS: ("Event", True),
     SECRETS: ("Secret", True),
+    NODES: ("Node", False),  # what feasibility reads (and explain)
+    PODS: ("Pod", True),  # what explain reads
     PRIORITY_CLASSES: ("PriorityClass", False),
     MUTATING_CONFIGS: ("MutatingWebhookConfiguration", False),
     VALIDATING_CONFIGS: ("ValidatingWebhookConfiguration", False),
@@ -166,9 +182,14 @@ def declare_composite_resources(emulator: KubernetesEmulator) -> None:
 
 
 def declare_service_resources(emulator: KubernetesEmulator) -> None:
-    """coordination.k8s.io/v1 Leases, events.k8s.io/v1 Events, core/v1 Secrets and the
-    admissionregistration.k8s.io/v1 webhook configurations."""
+    """coordination.k8s.io/v1 Leases, events.k8s.io/v1 Events, core/v1 Secrets, Nodes and Pods,
+    and the admissionregistration.k8s.io/v1 webhook configurations."""
     _declare(emulator, _SERVICE_KINDS)
+
+
+def declare_kueue_resources(emulator: KubernetesEmulator) -> None:
+    """kueue.x-k8s.io/v1beta1 Workloads (Kueue installed)."""
+    _declare(emulator, {KUEUE_WORKLOADS: ("Workload", True)})
 
 
 # --- refusals, as the API server words them ----------------------------------------------------
@@ -253,8 +274,99 @@ def field_selector(text: str) -> Selector:
     return matches
 
 
+def _label_term(text: str, term: str) -> Selector:
+    """One term of a label selector, as k8s.io/apimachinery/pkg/labels parses it."""
+    bad = bad_request(f"unable to parse requirement: invalid label selector: '{text}'")
+    words = term.split()
+    if len(words) >= 3 and words[1] in ("in", "notin"):
+        key, listed = words[0], " ".join(words[2:])
+        if not (listed.startswith("(") and listed.endswith(")")):
+            raise bad
+        values = {v.strip() for v in listed[1:-1].split(",") if v.strip()}
+        if words[1] == "in":
+            return lambda labels: labels.get(key) in values
+        return lambda labels: labels.get(key) not in values
+    for operator in ("!=", "==", "="):
+        if operator in term:
+            key, value = (part.strip() for part in term.split(operator, 1))
+            if not key or " " in key:
+                raise bad
+            if operator == "!=":
+                return lambda labels: labels.get(key) != value
+            return lambda labels: labels.get(key) == value
+    if term.startswith("!"):
+        key = term[1:].strip()
+        return lambda labels: key not in labels
+    if not term or " " in term:
+        raise bad
+    return lambda labels: term in labels
+
+
+def label_selector(text: str) -> Selector:
+    """A `labelSelector` (commas inside `in (...)` do not separate terms)."""
+    terms, depth, current = [], 0, ""
+    for char in text:
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            terms.append(current.strip())
+            current = ""
+        else:
+            current += char
+    terms.append(current.strip())
+    checks = [_label_term(text, t) for t in terms if t]
+
+    def matches(obj: Json) -> bool:
+        meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+        labels = meta.get("labels") if isinstance(meta, dict) else None
+        found = labels if isinstance(labels, dict) else {}
+        return all(check(found) for check in checks)
+
+    return matches
+
+
 def _selected(request: kmock.Request) -> Selector:
-    return field_selector(request.params.get("fieldSelector") or "")
+    by_field = field_selector(request.params.get("fieldSelector") or "")
+    by_label = label_selector(request.params.get("labelSelector") or "")
+    return lambda obj: by_field(obj) and by_label(obj)
+
+
+def _key_of(obj: Json) -> str:
+    meta = _meta(obj)
+    return f"{meta.get('namespace') or ''}/{meta.get('name') or ''}"
+
+
+def _continue_token(rv: int, after: str) -> str:
+    raw = json.dumps({"rv": rv, "start": after}).encode()
+    return base64.urlsafe_b64encode(raw).decode()
+
+
+def _page(
+    request: kmock.Request, items: list[Json], rv: int, compacted: int
+) -> tuple[list[Json], int, str | None, int]:
+    """One page of a list: (items, the list's resourceVersion, continue token, remaining)."""
+    limit_text = request.params.get("limit") or "0"
+    token = request.params.get("continue")
+    if not limit_text.isdigit():
+        raise bad_request(f"invalid limit: {limit_text}")
+    items = sorted(items, key=_key_of)
+    if token:
+        try:
+            state = json.loads(base64.urlsafe_b64decode(token.encode()))
+            rv, after = int(state["rv"]), str(state["start"])
+        except (ValueError, KeyError, TypeError):
+            raise bad_request("continue key is not valid: unreadable") from None
+        if rv < compacted:
+            message = (
+                "The provided continue parameter is too old to display a consistent list "
+                "result. You can start a new list without the continue parameter."
+            )
+            raise ApiError(410, "Expired", message)
+        items = [o for o in items if _key_of(o) > after]
+    limit = int(limit_text)
+    if limit <= 0 or len(items) <= limit:
+        return items, rv, None, 0
+    page = items[:limit]
+    return page, rv, _continue_token(rv, _key_of(page[-1])), len(items) - limit
 
 
 # --- what a write does to an object ------------------------------------------------------------
@@ -433,12 +545,16 @@ class VersionedEmulator(KubernetesEmulator):
         selected = _selected(request)
         async with self._lock:
             items, rv = [o for o in self._current(request) if selected(o)], self._rv
+        items, rv, token, remaining = _page(request, items, rv, self._compacted)
         info = self._info(resource)
         kind = info.kind if info is not None else None
+        meta: Json = {"resourceVersion": str(rv)}
+        if token:
+            meta.update({"continue": token, "remainingItemCount": remaining})
         return {
-            "apiVersion": f"{resource.group}/{resource.version}",
+            "apiVersion": f"{resource.group}/{resource.version}".lstrip("/"),
             "kind": f"{kind or 'Object'}List",
-            "metadata": {"resourceVersion": str(rv)},
+            "metadata": meta,
             "items": items,
         }
 

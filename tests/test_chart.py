@@ -33,6 +33,7 @@ from webhook.admission.routes import WEBHOOKS
 from webhook.backends.registry import all_backends, default_backends
 from webhook.cli import _SERVE_OPTIONS, build_parser
 from webhook.kube.cache import Cache
+from webhook.metrics.feasibility import FeasibilityCollector
 from webhook.metrics.gangs import GangTracker
 from webhook.metrics.registry import Metrics
 
@@ -600,6 +601,7 @@ def cluster_self(backends: tuple[str, ...]) -> set[tuple[str, str, str, str]]:
     *((TRAINER, r, v, "") for r in RUNTIMES for v in ("list", "watch")),
     (TRAINER, "trainjobs/finalizers", "update", ""),
     *((SCHEDULING, "priorityclasses", v, "") for v in ("list", "watch")),
+    *(("", "nodes", v, "") for v in ("list", "watch")),  # feasibility at admission
     # The gang objects: what each backend the chart runs says it needs.
     *((group, resource, verb, "")
       for backend in default_backends(enabled=backends).backends for rule in backend.rbac
@@ -665,6 +667,15 @@ def test_each_backend_gets_the_rbac_it_declares_and_only_when_run(name: str) -> 
     rendered = render({"serve": {"backends": [name]}})
     assert _flat(rendered.one("ClusterRole", BASE)) == cluster_self((name,))
     assert f"--backends={name}" in rendered.args
+
+
+def test_feasibility_off_drops_the_node_watchs_rbac() -> None:
+    off = render({"serve": {"feasibility": "off"}})
+    nodes = {r for r in CLUSTER_SELF if r[1] == "nodes"}
+    assert _flat(off.one("ClusterRole", BASE)) == CLUSTER_SELF - nodes
+    assert "--feasibility=off" in off.args
+    assert "--feasibility=deny" in render({"serve": {"feasibility": "deny"}}).args
+    assert "at '/serve/feasibility'" in refused({"serve": {"feasibility": "never"}})
 
 
 def test_rbac_is_exactly_what_the_service_uses(default: Rendered, cert_manager: Rendered) -> None:
@@ -777,7 +788,9 @@ def service_metrics() -> frozenset[str]:
     """Every series name the service exports (counters' _total, histograms' _bucket...), and up:
     its registry as `serve` builds it (the gang signals register themselves there)."""
     metrics = Metrics()
-    GangTracker(metrics, Cache(connected=False))
+    cache = Cache(connected=False)
+    GangTracker(metrics, cache)
+    FeasibilityCollector(metrics, cache)
     return frozenset({*metrics.registry._names_to_collectors, "up"})
 
 
@@ -810,6 +823,7 @@ def test_alerts_and_dashboard_use_the_services_metrics(tmp_path: Path) -> None:
         "TrainJobSchedulingAdmissionLatencyHigh", "TrainJobSchedulingCertificateExpiresSoon",
         "TrainJobSchedulingGangWaitingTooLong", "TrainJobSchedulingReconcileErrors",
         "TrainJobSchedulingNoLeader", "TrainJobSchedulingGangApiUnavailable",
+        "TrainJobSchedulingGangCanNeverFit", "TrainJobSchedulingGangWaitingWithoutHeadroom",
     } == set(alerts)  # fmt: skip
     used: dict[str, set[str]] = {name: metric_names(a["expr"]) for name, a in alerts.items()}
     panels = _dashboard(r)["panels"]
@@ -837,7 +851,9 @@ def test_alerts_and_dashboard_use_the_services_metrics(tmp_path: Path) -> None:
     ]  # fmt: skip
     _promtool([*groups, {"name": "dashboard", "rules": recorded}], tmp_path)
     titles = " ".join(p["title"] for p in panels).lower()
-    for topic in ("admissions", "latency", "gangs by state", "time to schedule", "queue"):
+    topics = ("admissions", "latency", "gangs by state", "time to schedule", "queue", "never fit",
+              "headroom")  # fmt: skip
+    for topic in topics:
         assert topic in titles, topic
     config = r.one("ConfigMap", f"{BASE}-dashboard")
     assert config["metadata"]["labels"]["grafana_dashboard"] == "1"

@@ -1,13 +1,13 @@
 """The service with exactly the chart's RBAC: `python -m webhook serve` with the rendered
 Deployment's flags and its ServiceAccount's token, against the API emulator enforcing the
 rendered ClusterRoles, Roles and bindings (tests/kube_rbac.py), through what a cluster does to
-it: certificate creation and caBundle injection, leader election, TrainJobs created, drifted,
-suspended, resumed, finished and deleted, a gang of gangs made and repaired, every other
-backend's PodGroup made, repaired and removed, a damaged certificate Secret, scrapes by an
-allowed, a foreign and an anonymous client, the `helm test` scripts and the pre-delete hook.
-Nothing the service, the scraper or the hook does is refused, and every rule and every verb of
-the chart's RBAC is needed: without any one of them, a request the run made would have been
-refused."""
+it: certificate creation and caBundle injection, leader election, a Node watched for
+feasibility, TrainJobs created, drifted, suspended, resumed, finished and deleted, a gang of
+gangs made and repaired, every other backend's PodGroup made, repaired and removed, a damaged
+certificate Secret, scrapes by an allowed, a foreign and an anonymous client, the `helm test`
+scripts and the pre-delete hook. Nothing the service, the scraper or the hook does is refused,
+and every rule and every verb of the chart's RBAC is needed: without any one of them, a request
+the run made would have been refused."""
 
 from __future__ import annotations
 
@@ -39,6 +39,7 @@ from tests.kube_emulator import (
     COMPOSITE_POD_GROUPS,
     LEASES,
     MUTATING_CONFIGS,
+    NODES,
     POD_GROUPS,
     SECRETS,
     TRAINJOBS,
@@ -52,6 +53,7 @@ from tests.kube_emulator import (
     replace,
 )
 from tests.kube_rbac import RBAC, Attributes, RbacEmulator, rbac_emulator, service_account
+from tests.nodes import node
 from tests.test_metrics_serve import cluster_runtime, trainjob
 from tests.test_trees import zone_block_rack
 from webhook.backends.base import Kind
@@ -276,6 +278,8 @@ def test_the_service_runs_on_the_charts_rbac_alone(tmp_path: Path, rendered: Ren
                 return found
 
             assert api.eventually(holder, "a leader", served)
+            # A Node: listed and watched for feasibility (the metrics below count it).
+            api.run(create(api.k, NODES, node("gpu-0", gpus=8)))
 
             # A TrainJob: Workload and PodGroup (ownerReferences with blockOwnerDeletion), the
             # runtime snapshot, Events.
@@ -384,6 +388,7 @@ def test_the_service_runs_on_the_charts_rbac_alone(tmp_path: Path, rendered: Ren
             allowed = scrape(served, ca_file, "prometheus-token")
             assert allowed.status_code == 200, allowed.text
             assert "controller_runtime_reconcile_total" in allowed.text
+            assert "trainjob_scheduling_feasibility_nodes 1.0" in allowed.text
             assert scrape(served, ca_file, "intruder-token").status_code == 403
             assert scrape(served, ca_file, None).status_code == 401
 

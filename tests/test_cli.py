@@ -10,11 +10,20 @@ from typing import Any
 import yaml
 
 from tests.apiserver_rules import objects_errors
+from tests.nodes import nodes
 from tests.paths import SAMPLES
 
 
 def plan(*files: str) -> tuple[int, list[dict[str, Any]], str]:
-    args = [a for f in files for a in ("-f", str(SAMPLES / f) if not f.startswith("/") else f)]
+    """`plan -f` each file (samples by name); `--nodes FILE` passes through."""
+    args: list[str] = []
+    rest = list(files)
+    while rest:
+        f = rest.pop(0)
+        if f == "--nodes":
+            args += [f, rest.pop(0)]
+        else:
+            args += ["-f", str(SAMPLES / f) if not f.startswith("/") else f]
     proc = subprocess.run(
         [sys.executable, "-m", "webhook", "plan", *args],
         capture_output=True,
@@ -164,3 +173,47 @@ def test_a_tree_on_a_backend_without_trees_is_an_error() -> None:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
         assert proc.returncode == 1 and proc.stdout == "", proc.stdout
         assert f"which the {backend} gang backend cannot express" in proc.stderr
+
+
+def test_plan_with_nodes_says_whether_each_gang_could_ever_fit(tmp_path: Path) -> None:
+    """`--nodes` as `kubectl get nodes -o yaml` prints them: 80 nodes of 6 GPUs hold 480 GPUs
+    but only 80 pods of 4 GPUs, so the 100 of the sample never fit (warned, with the numbers;
+    the objects still print, to stdout)."""
+    listed = {"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": ""},
+              "items": nodes("gpu", 80, gpus=6)}  # fmt: skip
+    path = tmp_path / "nodes.yaml"
+    path.write_text(yaml.safe_dump(listed))
+    code, objects, err = plan(
+        "torch-100-nodes.trainjob.yaml", "torch-distributed.runtime.yaml", "--nodes", str(path)
+    )
+    assert code == 0 and [o["kind"] for o in objects] == ["Workload", "PodGroup"]
+    assert err.splitlines() == [
+        "Warning: can never fit: gang node of 100 pods does not fit in the cluster: the cluster "
+        "holds 80 of them (80 nodes; 4 nvidia.com/gpu each)",
+        "Feasibility (80 nodes, 1 node shape; as if empty):",
+        "  gang node: 100 pods (node: 4 nvidia.com/gpu) in the cluster: can never fit "
+        "(DomainTooSmall)",
+        "    gang node of 100 pods does not fit in the cluster: the cluster holds 80 of them (80 "
+        "nodes; 4 nvidia.com/gpu each)",
+        "    the cluster: room for 80 of its pods (80 nodes)",
+    ]
+    # Node documents one by one work as well; with -o tree the numbers follow the tree.
+    path.write_text(yaml.safe_dump_all(nodes("gpu", 50, gpus=8)))
+    proc = subprocess.run(
+        [sys.executable, "-m", "webhook", "plan", "-o", "tree", "--nodes", str(path),
+         "-f", str(SAMPLES / "torch-100-nodes.trainjob.yaml"),
+         "-f", str(SAMPLES / "torch-distributed.runtime.yaml")],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0 and proc.stderr == ""
+    assert proc.stdout.splitlines()[-2:] == [
+        "  gang node: 100 pods (node: 4 nvidia.com/gpu) in the cluster: fits",
+        "    the cluster: room for 100 of its pods (50 nodes)",
+    ]
+    # Not nodes: a clear usage error.
+    path.write_text(
+        yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": [{"kind": "Pod"}]})
+    )
+    code, _, err = plan("torch-100-nodes.trainjob.yaml", "torch-distributed.runtime.yaml",
+                        "--nodes", str(path))  # fmt: skip
+    assert code == 2 and err == f"error: {path}: expected Nodes (kubectl get nodes -o yaml)\n"

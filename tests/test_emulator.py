@@ -25,8 +25,10 @@ from tests.kube_emulator import (
     JSON_PATCH,
     LEASES,
     MERGE_PATCH,
+    NODES,
     OPTIMISTIC_LOCK,
     POD_GROUPS,
+    PODS,
     SECRETS,
     STRATEGIC_MERGE_PATCH,
     TRAINER,
@@ -533,7 +535,7 @@ async def test_secrets_and_webhook_configurations_are_served_with_discovery() ->
     async with emulator() as (k, url), api_client(url) as api:
         async with k.get("/api/v1") as response:
             core = {r["name"]: r["namespaced"] for r in (await response.json())["resources"]}
-        assert core == {"secrets": True}
+        assert core == {"secrets": True, "nodes": False, "pods": True}
         async with k.get("/apis/admissionregistration.k8s.io/v1") as response:
             found = {r["name"]: r["namespaced"] for r in (await response.json())["resources"]}
         assert found == {
@@ -613,3 +615,74 @@ async def test_field_selectors_pick_by_name_and_namespace_in_lists_and_watches()
         seen = [(e["type"], e["object"]["metadata"]["name"]) for e in lines]
         assert seen == [("ADDED", "a"), ("MODIFIED", "a")]
         assert lines[-1]["object"]["spec"]["holderIdentity"] == "mine"
+
+
+@pytest.mark.asyncio
+async def test_label_selectors_pick_in_lists_and_watches_as_the_api_server_parses_them() -> None:
+    async with emulator() as (k, url), api_client(url) as api:
+        for name, labels in (("a", {"job": "x", "tier": "gpu"}), ("b", {"job": "y"}), ("c", {})):
+            await create(k, PODS, {"metadata": {"name": name, "namespace": NS, "labels": labels}})
+        pods = f"/api/v1/namespaces/{NS}/pods"
+
+        async def names(selector: str) -> list[str]:
+            async with k.get(pods, params={"labelSelector": selector}) as response:
+                assert response.status == 200, await response.text()
+                return sorted(i["metadata"]["name"] for i in (await response.json())["items"])
+
+        assert await names("job=x") == ["a"]
+        assert await names("job==x,tier=gpu") == ["a"]
+        assert await names("job!=x") == ["b", "c"]
+        assert await names("job in (x, y)") == ["a", "b"]
+        assert await names("job notin (x),tier") == []
+        assert await names("!job") == ["c"]
+        assert await names("job") == ["a", "b"]
+        async with k.get(pods, params={"labelSelector": "job in x"}) as response:
+            assert response.status == 400
+        # The official client's watch with a label selector sees only what matches.
+        core = CoreV1Api(api)
+        listing = await core.list_namespaced_pod_without_preload_content(
+            NS, label_selector="job=y", watch=True, timeout_seconds=1
+        )
+        await patch(k, PODS, NS, "a", {"metadata": {"labels": {"edited": "1"}}})
+        await patch(k, PODS, NS, "b", {"metadata": {"labels": {"edited": "1"}}})
+        lines = [json.loads(line) async for line in listing.content if line.strip()]
+        listing.release()
+        assert [(e["type"], e["object"]["metadata"]["name"]) for e in lines] == [
+            ("ADDED", "b"),
+            ("MODIFIED", "b"),
+        ]
+
+
+@pytest.mark.asyncio
+async def test_lists_come_in_pages_with_continue_tokens() -> None:
+    async with emulator() as (k, _):
+        for i in range(5):
+            await create(k, NODES, {"metadata": {"name": f"node-{i}"}})
+        first_rv = k.resource_version
+        seen: list[str] = []
+        token = None
+        pages = 0
+        while True:
+            params = {"limit": "2", **({"continue": token} if token else {})}
+            async with k.get("/api/v1/nodes", params=params) as response:
+                assert response.status == 200, await response.text()
+                body = await response.json()
+            pages += 1
+            assert body["apiVersion"] == "v1" and body["kind"] == "NodeList"
+            assert body["metadata"]["resourceVersion"] == str(first_rv)  # the first page's
+            seen += [i["metadata"]["name"] for i in body["items"]]
+            token = body["metadata"].get("continue")
+            if pages == 1:
+                assert body["metadata"]["remainingItemCount"] == 3
+                await create(k, NODES, {"metadata": {"name": "node-9"}})  # after the last key
+            if not token:
+                break
+        assert pages == 3 and seen == [*(f"node-{i}" for i in range(5)), "node-9"]
+        async with k.get("/api/v1/nodes", params={"limit": "2", "continue": "garbage"}) as bad:
+            assert bad.status == 400
+        async with k.get("/api/v1/nodes", params={"limit": "2"}) as response:
+            token = (await response.json())["metadata"]["continue"]
+        await create(k, NODES, {"metadata": {"name": "node-10"}})
+        k.compact()  # the token's version is history now
+        async with k.get("/api/v1/nodes", params={"limit": "2", "continue": token}) as old:
+            assert old.status == 410 and (await old.json())["reason"] == "Expired"

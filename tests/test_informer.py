@@ -28,6 +28,7 @@ from tests.harness import ServerProcess, fixture, make_certs, server_process, we
 from tests.kube_emulator import (
     CLUSTER_RUNTIMES,
     LIST,
+    NODES,
     PRIORITY_CLASSES,
     TRAINING_RUNTIMES,
     TRAINJOBS,
@@ -47,6 +48,8 @@ from tests.kube_emulator import (
     status,
     status_object,
 )
+from tests.nodes import node
+from webhook.core.nodes import NodeSummary
 from webhook.core.plan import pod_group_for_labels
 from webhook.kube import client as kube_client
 from webhook.kube.cache import Cache, Store
@@ -170,6 +173,28 @@ async def test_a_watch_that_times_out_resumes_without_listing_again() -> None:
             assert watches[0].params["resourceVersion"] == listed_at
             assert int(watches[1].params["resourceVersion"]) > int(listed_at or 0)
             assert (informer.restarts, len(k[LIST, TRAINJOBS])) == (0, 1)
+
+
+@pytest.mark.asyncio
+async def test_nodes_are_listed_in_pages_into_the_summary_and_followed() -> None:
+    async with emulator() as (k, url), api_client(url) as api:
+        for i in range(5):
+            await create(k, NODES, node(f"n-{i}", zone="zone-a", gpus=8))
+        cache = Cache(connected=True)
+        informer = kube_client.node_informer(api, cache)
+        informer.page_size = 2  # 500 in the service: 3 pages here
+        async with running(informer):
+            await eventually(lambda: cache.nodes.synced, "the nodes listed")
+            assert len(cache.nodes) == 5 and list(cache.nodes.shapes.values()) == [5]
+            lists = [r.params.get("limit") for r in k[LIST, NODES]]
+            assert lists == ["2", "2", "2"]
+            version = cache.nodes.version
+            await patch(k, NODES, None, "n-0", {"spec": {"unschedulable": True}})
+            await eventually(lambda: cache.nodes.version > version, "the cordon seen")
+            assert sorted(cache.nodes.shapes.values()) == [1, 4]
+            await delete(k, NODES, None, "n-1")
+            await eventually(lambda: len(cache.nodes) == 4, "the deletion seen")
+            assert isinstance(cache.nodes, NodeSummary) and informer.restarts == 0
 
 
 # --- 2. 410 Gone: list again --------------------------------------------------------------------

@@ -72,20 +72,54 @@ def _runtime_key(kind: str, namespace: str | None, name: str | None) -> RuntimeK
     return (kind, ns, name or "")
 
 
+def _load_nodes(path: str) -> list[dict[str, Any]]:
+    """Nodes as `kubectl get nodes -o yaml` prints them (a v1 List), or Node documents."""
+    found: list[dict[str, Any]] = []
+    for doc in _load([path]):
+        items = doc.get("items") if doc["kind"] in ("List", "NodeList") else [doc]
+        for item in items if isinstance(items, list) else []:
+            if not isinstance(item, dict) or item.get("kind", "Node") != "Node":
+                raise UsageError(f"{path}: expected Nodes (kubectl get nodes -o yaml)")
+            found.append(item)
+    return found
+
+
+def _feasibility(
+    plan: Any, runtime: Runtime, trainjob: TrainJob, backend: GangBackend, doc: Any, nodes: Any
+) -> list[str]:
+    """Warnings for the gangs that could never fit on `nodes`, then the numbers per domain."""
+    from .backends.base import Context
+    from .core.feasibility import Nodes, gangs_of, judge, message
+    from .core.feasibilityview import lines, section
+    from .kube.feasibility import domains_by_node_labels
+
+    topology = domains_by_node_labels(backend, Context.of(doc))
+    gangs, notes = gangs_of(plan, runtime, trainjob, topology=topology)
+    view = Nodes(nodes.shapes, nodes.dropped_keys)
+    judged = [(g, judge(g.demand, view)) for g in gangs]
+    said = [f"Warning: can never fit: {message(g, f)}" for g, f in judged if not f.fits]
+    said += [f"Note: {note}" for note in notes]
+    return said + lines(section(judged, len(nodes), len(nodes.shapes)))
+
+
 def plan_command(
     paths: Sequence[str],
     out: TextIO,
     err: TextIO,
     backend_name: str | None = None,
     output: str = "yaml",
+    nodes_path: str | None = None,
 ) -> int:
     """Prints the objects each TrainJob in the files would get (from the backend its pods'
-    scheduler chooses, or `backend_name`); field errors exit non-zero."""
+    scheduler chooses, or `backend_name`); field errors exit non-zero. With `nodes_path`, also
+    whether each gang could ever fit on those nodes (to stderr, or after the tree)."""
     from .backends.base import Context, expresses
     from .backends.registry import default_backends  # the Kubernetes client is slow to import
+    from .core.nodes import summary_of
     from .core.plan import build_plan
     from .core.planview import tree
 
+    nodes = summary_of(_load_nodes(nodes_path)) if nodes_path else None
     backends = default_backends()
     chosen: GangBackend | None = None
     if backend_name is not None:
@@ -163,19 +197,24 @@ def plan_command(
             continue
         for warning in backend.admission_warnings(plan, Context.of(doc)):
             print(f"Warning: {warning}", file=err)
+        judged = _feasibility(plan, runtime, trainjob, backend, doc, nodes) if nodes else []
         if output == "tree":
             out.write(tree(plan))
+            out.writelines(f"{line}\n" for line in judged)
             continue
+        err.writelines(f"{line}\n" for line in judged)
         rendered += backend.render(plan, Context.of(doc))
     if rendered:
         out.write(yaml.safe_dump_all(rendered, sort_keys=False))
     return 0 if ok else EXIT_INVALID
 
 
-def build_parser(config: dict[str, Any] | None = None) -> argparse.ArgumentParser:
+def build_parser(
+    config: dict[str, Any] | None = None, prog: str = "python -m webhook"
+) -> argparse.ArgumentParser:
     """The command line; `config` holds `serve` defaults read from a --config file."""
     parser = argparse.ArgumentParser(
-        prog="python -m webhook",
+        prog=prog,
         description="Workload-aware scheduling for Kubeflow TrainJobs.",
     )
     commands = parser.add_subparsers(dest="command", required=True)
@@ -207,6 +246,13 @@ def build_parser(config: dict[str, Any] | None = None) -> argparse.ArgumentParse
         help="render for this gang backend (native, coscheduling, volcano, kai) instead of "
         "the one the pods' scheduler chooses",
     )
+    plan.add_argument(
+        "--nodes",
+        metavar="FILE",
+        help="nodes as `kubectl get nodes -o yaml` prints them: also say whether each gang "
+        "could ever fit on them, per domain of its topology key",
+    )
+    _add_explain(commands)
     _add_serve(commands, config or {})
     _add_certs(commands)
     samples = commands.add_parser(
@@ -219,6 +265,47 @@ def build_parser(config: dict[str, Any] | None = None) -> argparse.ArgumentParse
     )
     samples.add_argument("names", nargs="*", metavar="NAME")
     return parser
+
+
+def _add_explain(commands: Any) -> None:
+    explain = commands.add_parser(
+        "explain",
+        help="why a TrainJob is not running (yet), and whether it ever will",
+        description="One report from the cluster (read only, with your kubeconfig): the plan, "
+        "the gang objects and their conditions, the pods (created, bound, pending and why), "
+        "Kueue's admission, whether each gang could ever fit per domain, and a one-line "
+        "verdict.",
+    )
+    explain.add_argument("resource", choices=["trainjob", "trainjobs", "tj"])
+    explain.add_argument("name", metavar="NAME")
+    explain.add_argument("-n", "--namespace", help="default: the kubeconfig context's")
+    explain.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    explain.add_argument("--kubeconfig", help="default: $KUBECONFIG, else ~/.kube/config")
+    explain.add_argument("--context", help="a kubeconfig context (default: the current one)")
+
+
+def explain_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    import json
+
+    from .explain.gather import ExplainError, connect, gather
+    from .explain.report import build, render
+
+    async def explain() -> dict[str, Any]:
+        cluster = await connect(args.kubeconfig, args.context)
+        try:
+            found = await gather(cluster.api, args.namespace or cluster.namespace, args.name)
+        finally:
+            close: Any = cluster.api.close  # untyped in the client
+            await close()
+        return build(found)
+
+    try:
+        report = asyncio.run(explain())
+    except ExplainError as exc:
+        print(f"error: {exc}", file=err)
+        return EXIT_INVALID
+    out.write(json.dumps(report, indent=2) + "\n" if args.output == "json" else render(report))
+    return 0
 
 
 def _samples() -> dict[str, Traversable]:
@@ -390,6 +477,9 @@ _SERVE_OPTIONS: list[tuple[str, str, Any, str, str]] = [
     ("--kai-topology", "KAI_TOPOLOGY", _object_name, "cluster-topology",
      "KAI Topology holding the gangs' topology keys as levels (a TrainJob's "
      "kai.scheduler/topology annotation wins; empty: KAI ignores the keys)"),
+    ("--feasibility", "FEASIBILITY", str.lower, "warn",
+     "gangs of a new TrainJob that could never fit on the nodes: warn, deny, or off (no Node "
+     "watch; a runtime's trainjob-scheduling.dev/feasibility annotation wins)"),
     ("--log-level", "LOG_LEVEL", str.lower, "info", "debug, info, warning or error"),
     ("--cert-management", "CERT_MANAGEMENT", str.lower, "auto",
      "files: tls.crt/tls.key in --cert-dir; self: a Secret this service keeps, its CA injected "
@@ -410,6 +500,7 @@ _SERVE_OPTIONS: list[tuple[str, str, Any, str, str]] = [
 CONFIG_KEYS = {flag[2:] for flag, *_ in _SERVE_OPTIONS}
 _CHOICES = {
     "--log-level": ["debug", "info", "warning", "error"],
+    "--feasibility": ["warn", "deny", "off"],
     "--cert-management": ["auto", "self", "files"],
 }
 
@@ -541,6 +632,7 @@ def serve_command(args: argparse.Namespace) -> int:
         coscheduling=CoschedulingSettings(
             args.coscheduling_schedule_timeout, frozenset(args.coscheduling_affinity_schedulers)
         ),
+        feasibility=args.feasibility,
         certs=CertSettings(
             mode=args.cert_management,
             secret_name=args.cert_secret_name,
@@ -580,17 +672,26 @@ def certs_command(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def kubectl_plugin(argv: Sequence[str] | None = None) -> int:
+    """`kubectl trainjob-scheduling ...` (the executable kubectl-trainjob_scheduling)."""
+    return main(argv, prog="kubectl trainjob-scheduling")
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "python -m webhook") -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
     try:
         config = load_config(arguments) if arguments[:1] == ["serve"] else {}
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    args = build_parser(config).parse_args(arguments)
+    args = build_parser(config, prog).parse_args(arguments)
     try:
         if args.command == "plan":
-            return plan_command(args.files, sys.stdout, sys.stderr, args.backend, args.output)
+            return plan_command(
+                args.files, sys.stdout, sys.stderr, args.backend, args.output, args.nodes
+            )
+        if args.command == "explain":
+            return explain_command(args, sys.stdout, sys.stderr)
         if args.command == "serve":
             return serve_command(args)
         if args.command == "certs":

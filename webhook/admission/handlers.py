@@ -23,6 +23,7 @@ from ..core.plan import JOBSET_NAME, PlanningError, build_plan, group_for_labels
 from ..core.trainer import DEFAULT_SCHEDULER, Runtime, TrainJob
 from ..core.validation import CheckedRuntime, check_trainjob, validate_runtime
 from ..kube.cache import Cache
+from .feasibility import feasibility_verdict
 from .review import Decision, Review
 
 Handler = Callable[[Review, Cache], Decision]
@@ -179,7 +180,8 @@ def _gang_verdict(
     review: Review, trainjob: TrainJob, runtime: CheckedRuntime, cache: Cache
 ) -> Decision:
     """What the TrainJob's gang backend says of its plan at `kubectl apply`: whether its API is
-    served, what the plan becomes with that scheduler, and what it would never schedule."""
+    served, what the plan becomes with that scheduler, what it would never schedule, and which
+    gangs could never fit on the cluster's nodes."""
     try:
         plan = build_plan(trainjob, runtime)
     except PlanningError:
@@ -205,6 +207,11 @@ def _gang_verdict(
     warnings += backend.admission_warnings(plan, context)
     errors = tree_errors(backend, cache) if plan.composites else []
     errors += backend.admission_errors(plan, context, cache.facts())
+    if cache.api(backend) != "not-served":  # (without the API there is no gang to fit)
+        # Whether each gang could ever fit on the nodes the cache has (never an API call).
+        said, never = feasibility_verdict(trainjob, runtime, plan, backend, context, cache)
+        warnings += said
+        errors += never
     return denied(review, errors, warnings) if errors else Decision(warnings=warnings)
 
 

@@ -124,6 +124,11 @@ class PodSpec(Model):
     containers: list[Container] | None = None
     init_containers: list[Container] | None = None
     overhead: dict[str, Any] | None = None
+    # Read leniently by feasibility (core/placement.py), so untyped here: a malformed value is
+    # the API server's to refuse, not a reason to deny a runtime.
+    node_selector: Any = None
+    affinity: Any = None
+    tolerations: Any = None
 
 
 _NO_POD_SPEC = PodSpec()  # read only: what a ReplicatedJob without a pod spec reads as
@@ -238,7 +243,7 @@ class Trainer(Model):
 
 class PodSpecPatch(Model):
     """The part of a TrainJob's pod spec patch the service reads (Trainer v2.4 lets a TrainJob
-    choose its pods' scheduler here)."""
+    choose its pods' scheduler here; feasibility reads its placement fields, kept as extras)."""
 
     scheduler_name: str | None = None
 
@@ -318,6 +323,19 @@ class TrainJob(Model):
     def scheduler_of(self, rj: ReplicatedJob) -> str:
         """The scheduler the pods of one of its ReplicatedJobs will name."""
         return self.scheduler_override(rj.name) or rj.scheduler
+
+    def pod_patches(self, replicated_job: str) -> list[dict[str, Any]]:
+        """The pod spec patches of this TrainJob for one of its ReplicatedJobs, in order."""
+        found = []
+        for patch in self.spec.runtime_patches or []:
+            template = patch.training_runtime_spec.template if patch.training_runtime_spec else None
+            jobs = template.spec.replicated_jobs if template and template.spec else None
+            for rj in jobs or []:
+                job = rj.template.spec if rj.template else None
+                pod = job.template.spec if job and job.template else None
+                if rj.name == replicated_job and pod is not None:
+                    found.append(pod.dump())
+        return found
 
     def scheduler_override(self, replicated_job: str) -> str | None:
         """The scheduler this TrainJob's runtime patches give the pods of a ReplicatedJob (the

@@ -18,6 +18,7 @@ from ..core.plan import Plan, PlanningError, build_plan
 from ..core.snapshot import from_text, snapshot_of
 from ..core.trainer import CLUSTER_RUNTIME_KIND, NAMESPACED_RUNTIME_KIND, Runtime, TrainJob
 from ..core.validation import CheckedRuntime, check_stored_runtime
+from .feasibility import Feasibility
 from .index import OwnerIndex
 from .store import Entry, EventType, Key, Listener, Store, key_of
 
@@ -32,6 +33,8 @@ class PlanLookup:
     state: Literal["ok", "no-trainjob", "no-runtime", "no-scheduling", "invalid"]
     plan: Plan | None = None
     detail: str = ""
+    trainjob: TrainJob | None = None  # with a plan: what it was made from (feasibility reads it)
+    runtime: CheckedRuntime | None = None
 
 
 # Whether a backend's API group/version serves its kinds (discovery says).
@@ -63,6 +66,9 @@ class Cache:
             k: OwnerIndex(s) for k, s in self.gang_stores.items()
         }
         self._snapshots: dict[str, CheckedRuntime] = {}
+        # Fed by the Node watch; not needed for readiness (feasibility waits for it quietly).
+        self.feasibility = Feasibility()
+        self.nodes = self.feasibility.summary
         if not connected:
             for store in (*self.stores, *self.gang_stores.values()):
                 store.synced = True
@@ -173,7 +179,7 @@ class Cache:
             try:
                 plan = build_plan(trainjob, checked)
                 lookup = (
-                    PlanLookup("ok", plan)
+                    PlanLookup("ok", plan, trainjob=trainjob, runtime=checked)
                     if plan
                     else PlanLookup("no-scheduling", detail="the runtime has no spec.scheduling")
                 )

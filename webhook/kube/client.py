@@ -23,6 +23,12 @@ TRAINJOBS = Resource(TRAINER, "v1alpha1", "trainjobs")
 TRAINING_RUNTIMES = Resource(TRAINER, "v1alpha1", "trainingruntimes")
 CLUSTER_RUNTIMES = Resource(TRAINER, "v1alpha1", "clustertrainingruntimes")
 PRIORITY_CLASSES = Resource("scheduling.k8s.io", "v1", "priorityclasses")
+NODES = Resource("", "v1", "nodes")
+NODE_PAGE = 500  # client-go's reflector lists in pages of 500 too
+NODES_FORBIDDEN = (
+    " (the service may not list and watch nodes: feasibility at admission stays off until it"
+    " may; grant it, or run with --feasibility=off)"
+)
 
 
 async def connect(
@@ -89,6 +95,22 @@ def informers(
         *_per_namespace(api, CLUSTER_RUNTIMES, cache.cluster_runtimes, (), on_restart),
         *_per_namespace(api, PRIORITY_CLASSES, cache.priority_classes, (), on_restart),
     ]
+
+
+def node_informer(
+    api: ApiClient, cache: Cache, on_restart: Callable[[str], None] | None = None
+) -> Informer:
+    """The Node watch feasibility reads (in pages, each Node kept as its shape only)."""
+    restart = (lambda: on_restart(NODES.plural)) if on_restart else None
+    return Informer(
+        api,
+        NODES,
+        cache.nodes,
+        page_size=NODE_PAGE,
+        not_served_hint="",
+        forbidden_hint=NODES_FORBIDDEN,
+        on_restart=restart,
+    )
 
 
 def kind_informers(

@@ -3,6 +3,10 @@
 The watch resumes from the last resourceVersion it saw; `410 Gone` (that version is too old)
 means list again; any other failure (dropped connection, 5xx, timeout) waits with exponential
 backoff and resumes. Only this module and `client.py` talk to the API server for the cache.
+
+With `page_size` the list comes in pages (`limit` and `continue`, as client-go's reflector
+lists), each item trimmed by the store as it arrives, so listing 10,000 Nodes never holds
+them all whole.
 """
 
 from __future__ import annotations
@@ -16,10 +20,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from kubernetes.aio.client import ApiClient, CustomObjectsApi
+from kubernetes.aio.client import ApiClient
 from kubernetes.aio.client.exceptions import ApiException
 
-from .cache import Store
+from . import rest
+from .store import Sink
 
 log = logging.getLogger("webhook.informer")
 
@@ -35,7 +40,7 @@ class Resource:
     plural: str
 
     def __str__(self) -> str:
-        return f"{self.plural}.{self.group}/{self.version}"
+        return f"{self.plural}.{self.group}/{self.version}" if self.group else self.plural
 
 
 @dataclass
@@ -60,21 +65,27 @@ class Informer:
         self,
         api: ApiClient,
         resource: Resource,
-        store: Store,
+        store: Sink,
         *,
         namespace: str | None = None,
         watch_timeout: int = 300,
         backoff: Backoff | None = None,
         not_served_hint: str = NOT_SERVED,
+        forbidden_hint: str = "",
+        page_size: int | None = None,
         on_restart: Callable[[], None] | None = None,
         sleep: Sleep = asyncio.sleep,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.api = CustomObjectsApi(api)
+        self.api = api
         self.resource = resource
         self.store = store
         self.namespace = namespace  # None: all namespaces
         self.not_served_hint = not_served_hint
+        self.forbidden_hint = forbidden_hint
+        """Said with a 403; the same failure again is then logged at debug only."""
+        self.page_size = page_size
+        self._last_error = ""
         self.watch_timeout = watch_timeout
         self.backoff = backoff or Backoff()
         self.sleep = sleep
@@ -102,26 +113,37 @@ class Informer:
                     self.resource_version = None
                     continue
                 hint = self.not_served_hint if err.status == 404 and step == "list" else ""
+                hint = self.forbidden_hint if err.status == 403 else hint
                 await self._retry(step, f"HTTP {err.status}: {err.reason}{hint}")
             except asyncio.CancelledError:
                 raise
             except Exception as err:  # connection drops, timeouts, garbage on the stream
                 await self._retry(step, f"{type(err).__name__}: {err}")
 
-    async def _list(self) -> None:
+    def _path(self) -> str:
         r = self.resource
-        if self.namespace:
-            listing: Any = await self.api.list_namespaced_custom_object(
-                r.group, r.version, self.namespace, r.plural
-            )
-        else:
-            listing = await self.api.list_cluster_custom_object(r.group, r.version, r.plural)
-        if not isinstance(listing, dict):
-            raise ValueError("the list is not a JSON object")
-        items = listing.get("items") or []
-        self.store.replace([item for item in items if isinstance(item, dict)], self.namespace)
+        return rest.collection(r.group, r.version, r.plural, self.namespace)
+
+    async def _list(self) -> None:
+        items: list[dict[str, Any]] = []
+        token: str | None = None
+        while True:
+            query: list[tuple[str, Any]] = []
+            if self.page_size:
+                query.append(("limit", self.page_size))
+            if token:
+                query.append(("continue", token))
+            listing = await rest.get_json(self.api, self._path(), query, timeout=60)
+            page = listing.get("items") or []
+            items += [self.store.trim(item) for item in page if isinstance(item, dict)]
+            meta = listing.get("metadata")
+            token = meta.get("continue") if isinstance(meta, dict) and self.page_size else None
+            if not token:
+                break
+        self.store.replace(items, self.namespace)
         self.resource_version = _resource_version(listing) or ""
         self.backoff.reset()
+        self._last_error = ""
         log.info("listed", extra=self._fields(objects=len(self.store)))
 
     async def _watch(self) -> int:
@@ -132,30 +154,23 @@ class Informer:
         forever; here any status but 200 is an ApiException, and so is an ERROR event. Returns
         how many events arrived.
         """
-        r = self.resource
-        scope: tuple[str, ...] = (self.namespace,) if self.namespace else ()
-        call: Any = (
-            self.api.list_namespaced_custom_object_without_preload_content
-            if self.namespace
-            else self.api.list_cluster_custom_object_without_preload_content
-        )
-        response: Any = await call(
-            r.group,
-            r.version,
-            *scope,
-            r.plural,
-            watch=True,
-            allow_watch_bookmarks=True,
-            resource_version=self.resource_version or None,
-            timeout_seconds=self.watch_timeout,
-            # The client's default request timeout (300 s) would cut long watches short.
-            _request_timeout=self.watch_timeout + 30,
+        query: list[tuple[str, Any]] = [
+            ("watch", "true"),
+            ("allowWatchBookmarks", "true"),
+            ("timeoutSeconds", self.watch_timeout),
+        ]
+        if self.resource_version:
+            query.append(("resourceVersion", self.resource_version))
+        # The request's own timeout outlasts the watch's, or long watches would be cut short.
+        response: Any = await rest.request(
+            self.api, "GET", self._path(), query=query, timeout=self.watch_timeout + 30
         )
         events = 0
         try:
             if response.status != 200:
                 body = (await response.read())[:500].decode(errors="replace")
                 raise ApiException(status=response.status, reason=response.reason, body=body)
+            self._last_error = ""
             async for line in response.content:
                 if line.strip():
                     self._apply(_event(line))
@@ -180,8 +195,14 @@ class Informer:
         if self.on_restart:
             self.on_restart()
         delay = self.backoff.next_delay()
-        log.warning(
-            f"{step} failed, retrying", extra=self._fields(error=error, retry_in=round(delay, 2))
+        # With a hint for 403 (a resource the service can do without), one warning says so;
+        # the same failure again, retried, is only debug.
+        repeated = bool(self.forbidden_hint) and error == self._last_error
+        self._last_error = error
+        log.log(
+            logging.DEBUG if repeated else logging.WARNING,
+            f"{step} failed, retrying",
+            extra=self._fields(error=error, retry_in=round(delay, 2)),
         )
         await self.sleep(delay)
 

@@ -4,12 +4,28 @@ telling its listeners of every change (`informer.py` fills it)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 Key = tuple[str, str]  # (namespace or "", name)
 EventType = Literal["ADDED", "MODIFIED", "DELETED"]
 # Told of every change after the store has it: (event, the object before or None, after or None).
 Listener = Callable[[EventType, dict[str, Any] | None, dict[str, Any] | None], None]
+
+
+class Sink(Protocol):
+    """What an informer fills: a `Store`, or a summary that keeps less (the Nodes')."""
+
+    resource: str
+
+    def __len__(self) -> int: ...
+
+    def trim(self, raw: dict[str, Any]) -> dict[str, Any]:
+        """What of a listed object to keep until the whole list is in."""
+        ...
+
+    def replace(self, items: Iterable[dict[str, Any]], namespace: str | None = None) -> None: ...
+
+    def apply(self, event: EventType, raw: dict[str, Any]) -> None: ...
 
 
 class Entry:
@@ -51,6 +67,9 @@ class Store:
     def items(self) -> Iterable[tuple[Key, Entry]]:
         """A snapshot of the entries (safe to iterate while the store changes)."""
         return list(self._entries.items())
+
+    def trim(self, raw: dict[str, Any]) -> dict[str, Any]:
+        return raw  # every field may matter to a store's readers
 
     def subscribe(self, listener: Listener) -> None:
         self._listeners.append(listener)

@@ -29,13 +29,15 @@ from ..backends.kai import KaiSettings
 from ..backends.registry import default_backends
 from ..backends.volcano import VolcanoSettings
 from ..kube.cache import Cache, GangApi, Store
-from ..kube.client import connect, informers, kind_informers
+from ..kube.client import connect, informers, kind_informers, node_informer
 from ..kube.discovery import BackendApiWatch
 from ..kube.events import EventRecorder
+from ..kube.feasibility import Mode
 from ..kube.leader import LeaderElector, LeaseSettings
 from ..kube.writer import ApiWriter, WriterSettings
 from ..metrics.app import Checker, MetricsApp, NoCluster
 from ..metrics.auth import Authorizer, AuthSettings
+from ..metrics.feasibility import FeasibilityCollector
 from ..metrics.gangs import GangTracker
 from ..metrics.registry import Metrics
 from ..reconcile.reconciler import CONTROLLER, Reconciler, ReconcilerSettings
@@ -90,6 +92,7 @@ class Settings:
     kai: KaiSettings = field(default_factory=KaiSettings)  # the KAI backend's queue and topology
     volcano: VolcanoSettings = field(default_factory=VolcanoSettings)  # its topology tiers
     coscheduling: CoschedulingSettings = field(default_factory=CoschedulingSettings)
+    feasibility: Mode = "warn"  # gangs that could never fit: warn, deny, or off (no Node watch)
 
 
 def _server(app: Any, settings: Settings, port: int, **extra: Any) -> QuietServer:
@@ -242,6 +245,8 @@ def background(
     jobs: list[Coroutine[Any, Any, None]] = [
         i.run() for i in informers(api, cache, r.namespaces, restarted)
     ]
+    if settings.feasibility != "off":
+        jobs.append(node_informer(api, cache, restarted).run())
     reconciler: Reconciler | None = None
     if r.enabled:
         events = EventRecorder(
@@ -337,7 +342,9 @@ async def serve(settings: Settings) -> None:
         raise
     tls = certs.tls
     cache = Cache(connected=api is not None, backends=backends)
+    cache.feasibility.mode = settings.feasibility
     GangTracker(metrics, cache)
+    FeasibilityCollector(metrics, cache)
     authorizer: Checker | None = None
     if settings.metrics_auth is not None:
         if api is None:

@@ -114,6 +114,7 @@ matchExpressions:
 - --kai-schedulers={{ join "," $s.kai.schedulers }}
 - --kai-default-queue={{ $s.kai.defaultQueue }}
 - --kai-topology={{ $s.kai.topology }}
+- --feasibility={{ $s.feasibility }}
 {{- if eq .Values.certManagement "self" }}
 - --cert-management=self
 - --cert-secret-name={{ include "tjs.secretName" . }}
