@@ -279,7 +279,9 @@ class Profiling:
             return
         self.profiler.disable()
         out = io.StringIO()
-        pstats.Stats(self.profiler, stream=out).sort_stats("tottime").print_stats(top)
+        stats = pstats.Stats(self.profiler, stream=out)
+        stats.sort_stats("tottime").print_stats(top)
+        stats.sort_stats("cumulative").print_stats(top)
         self.reports[name] = out.getvalue()
         self.profiler = None
 

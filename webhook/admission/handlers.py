@@ -6,7 +6,7 @@ the pod path, which builds its one-operation patch directly (tests prove it equa
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jsonpatch
@@ -21,7 +21,7 @@ from ..core.lifecycle import gang_exists
 from ..core.ownership import controller_uid, controlling_trainjob
 from ..core.plan import JOBSET_NAME, PlanningError, build_plan, group_for_labels
 from ..core.trainer import DEFAULT_SCHEDULER, Runtime, TrainJob
-from ..core.validation import CheckedRuntime, check_trainjob, validate_runtime
+from ..core.validation import CheckedRuntime, Verdict, check_trainjob, runtime_layout
 from ..kube.cache import Cache
 from .feasibility import feasibility_verdict
 from .review import Decision, Review
@@ -99,18 +99,31 @@ def validate_runtime_review(review: Review, cache: Cache) -> Decision:
     if _skips(review):
         return Decision()
     assert review.object is not None
-    old = review.old_object if review.operation == "UPDATE" else None
-    verdict = validate_runtime(review.object, old)
+    new, old = review.object, review.old_object if review.operation == "UPDATE" else None
+    # Worked out once per content: the same version comes again (dry run, then the apply).
+    verdict, tree_scheduler = cache.runtime_verdicts.get(lambda: _judge_runtime(new, old), new, old)
     if not verdict.allowed:
         return denied(review, verdict.errors, verdict.warnings)
-    runtime, _ = parse(Runtime, review.object)
-    scheduling = runtime.spec.scheduling if runtime else None
-    if runtime is not None and scheduling is not None and is_multi_level(scheduling):
-        scheduler = next((rj.scheduler for rj in runtime.replicated_jobs), DEFAULT_SCHEDULER)
-        errors = tree_errors(cache.backends.for_scheduler(scheduler), cache)
+    if tree_scheduler is not None:  # what the cluster serves may change: asked every time
+        errors = tree_errors(cache.backends.for_scheduler(tree_scheduler), cache)
         if errors:
             return denied(review, errors, verdict.warnings)
     return Decision(warnings=list(verdict.warnings))
+
+
+def _judge_runtime(
+    new: Mapping[str, Any], old: Mapping[str, Any] | None
+) -> tuple[Verdict, str | None]:
+    """The runtime's verdict, and when its levels combine into a tree, its pods' scheduler."""
+    runtime, errs = parse(Runtime, new)
+    if runtime is None:
+        return Verdict(tuple(errs)), None
+    old_runtime = parse(Runtime, old)[0] if old is not None else None
+    verdict = runtime_layout(runtime, old_runtime)[1]
+    scheduling = runtime.spec.scheduling
+    if not verdict.allowed or scheduling is None or not is_multi_level(scheduling):
+        return verdict, None
+    return verdict, next((rj.scheduler for rj in runtime.replicated_jobs), DEFAULT_SCHEDULER)
 
 
 def tree_errors(backend: GangBackend | None, cache: Cache) -> list[FieldError]:

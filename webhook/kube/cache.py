@@ -14,10 +14,11 @@ from typing import Any, Literal
 from ..backends.base import ClusterFacts, GangBackend, Kind, is_managed
 from ..backends.registry import Backends, default_backends
 from ..core.fields import parse
+from ..core.memo import Memo
 from ..core.plan import Plan, PlanningError, build_plan
 from ..core.snapshot import from_text, snapshot_of
 from ..core.trainer import CLUSTER_RUNTIME_KIND, NAMESPACED_RUNTIME_KIND, Runtime, TrainJob
-from ..core.validation import CheckedRuntime, check_stored_runtime
+from ..core.validation import CheckedRuntime, Verdict, check_stored_runtime
 from .feasibility import Feasibility
 from .index import OwnerIndex
 from .store import Entry, EventType, Key, Listener, Store, key_of
@@ -66,6 +67,8 @@ class Cache:
             k: OwnerIndex(s) for k, s in self.gang_stores.items()
         }
         self._snapshots: dict[str, CheckedRuntime] = {}
+        # Runtime reviews' verdicts by content (the admission handler's; bounded).
+        self.runtime_verdicts: Memo[tuple[Verdict, str | None]] = Memo(256)
         # Fed by the Node watch; not needed for readiness (feasibility waits for it quietly).
         self.feasibility = Feasibility()
         self.nodes = self.feasibility.summary

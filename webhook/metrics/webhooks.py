@@ -1,7 +1,9 @@
 """One webhook path's metrics, with their label children bound once.
 
 A review must not pay for label lookups (`.labels()` hashes and locks): each path binds its
-children when the app is built, and the status codes and decisions it meets on first use.
+children when the app is built, and the status codes and decisions it meets on first use. The
+reviews in flight are a plain count the gauge reads when scraped (two locked updates fewer a
+review).
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ class WebhookMeter:
     def __init__(self, metrics: Metrics, path: str) -> None:
         self.path = path
         self.metrics = metrics
-        self.in_flight = metrics.webhook_in_flight.labels(path)
+        self.in_flight = 0  # read by the gauge at scrape time; the event loop alone changes it
+        metrics.webhook_in_flight.labels(path).set_function(lambda: self.in_flight)
         self.latency = metrics.webhook_latency.labels(path)
         self._codes: dict[int, Counter] = {}
         self._decisions: dict[tuple[str, str], Counter] = {}
@@ -41,6 +44,11 @@ class WebhookMeter:
         if child is None:
             child = self._codes[status] = self.metrics.webhook_requests.labels(self.path, status)
         return child
+
+    def answered(self, status: int, seconds: float) -> None:
+        """One request answered (any status), `seconds` after it came."""
+        self.latency.observe(seconds)
+        self.code(status).inc()
 
     def decided(self, operation: str, decision: Decision) -> None:
         self._decision(operation or "unknown", decision_label(decision)).inc()

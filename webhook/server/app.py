@@ -10,6 +10,7 @@ through no middleware, which on the pod path would cost as much as the review it
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -36,6 +37,7 @@ from ..kube.cache import Cache
 from ..metrics.registry import Metrics
 from ..metrics.webhooks import WebhookMeter
 from .logs import FIELDS
+from .protocol import BODY_RECEIVED
 from .reviewlog import ReviewLog
 
 log = logging.getLogger("webhook.admission")
@@ -74,8 +76,14 @@ async def _read_body(receive: Receive, scope: Scope, limits: Limits) -> bytes:
                 raise _BodyError(413, f"body over {limits.max_body_bytes} bytes")
     chunks: list[bytes] = []
     size = 0
+    # A body already in full (the protocol says so) needs no deadline, nor its timer.
+    deadline = (
+        contextlib.nullcontext()
+        if scope.get(BODY_RECEIVED)
+        else asyncio.timeout(limits.body_timeout)
+    )
     try:
-        async with asyncio.timeout(limits.body_timeout):
+        async with deadline:
             while True:
                 message = await receive()
                 if message["type"] == "http.disconnect":
@@ -86,15 +94,19 @@ async def _read_body(receive: Receive, scope: Scope, limits: Limits) -> bytes:
                     raise _BodyError(413, f"body over {limits.max_body_bytes} bytes")
                 chunks.append(chunk)
                 if not message.get("more_body", False):
-                    return b"".join(chunks)
+                    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
     except TimeoutError:
         raise _BodyError(408, f"body not received within {limits.body_timeout:g}s") from None
 
 
+_JSON = (b"content-type", b"application/json")
+_CLOSE = (b"connection", b"close")
+
+
 async def _send(send: Send, status: int, body: bytes) -> None:
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    headers = [_JSON, (b"content-length", b"%d" % len(body))]
     if status in _CLOSING:
-        headers.append((b"connection", b"close"))
+        headers.append(_CLOSE)
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
@@ -109,10 +121,12 @@ class AdmissionEndpoint:
     review_log: ReviewLog = field(default_factory=ReviewLog)
     metrics: Metrics | None = None
     meter: WebhookMeter | None = field(init=False, default=None)
+    _log_head: bytes = field(init=False, default=b"")
 
     def __post_init__(self) -> None:
         if self.metrics is not None:
             self.meter = WebhookMeter(self.metrics, self.webhook.path)
+        self._log_head = ReviewLog.head(webhook=self.webhook.name)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         meter = self.meter
@@ -120,14 +134,13 @@ class AdmissionEndpoint:
             await self._answer(scope, receive, send, time.perf_counter())
             return
         start = time.perf_counter()
-        meter.in_flight.inc()
+        meter.in_flight += 1
         status = 500  # if the answer fails on the way out
         try:
             status = await self._answer(scope, receive, send, start)
         finally:
-            meter.in_flight.dec()
-            meter.latency.observe(time.perf_counter() - start)
-            meter.code(status).inc()
+            meter.in_flight -= 1
+            meter.answered(status, time.perf_counter() - start)
 
     async def _answer(self, scope: Scope, receive: Receive, send: Send, start: float) -> int:
         """Reads, judges and answers one review; returns the HTTP status sent."""
@@ -169,22 +182,19 @@ class AdmissionEndpoint:
         if not self.review_log.enabled:
             return
         fields: dict[str, Any] = {
-            "webhook": self.webhook.name,
             "uid": uid,
             "decision": "allowed" if decision.allowed else "denied",
-            "patch_ops": len(decision.patch or ()),
+            "patch_ops": len(decision.patch) if decision.patch else 0,
             "patch_bytes": patch_bytes,
             "duration_ms": round((time.perf_counter() - start) * 1000, 3),
         }
         if review is not None:
-            fields.update(
-                kind=review.kind,
-                namespace=review.namespace,
-                name=review.object_name,
-                operation=review.operation,
-                user=review.username,
-                dry_run=review.dry_run,
-            )
+            fields["kind"] = review.kind
+            fields["namespace"] = review.namespace
+            fields["name"] = review.object_name
+            fields["operation"] = review.operation
+            fields["user"] = review.username
+            fields["dry_run"] = review.dry_run
         if decision.warnings:
             fields["warnings"] = shown_warnings(decision.warnings)
         if decision.note:
@@ -192,7 +202,7 @@ class AdmissionEndpoint:
         if not decision.allowed:
             fields["code"] = decision.code
             fields["message"] = decision.message
-        self.review_log.write(fields)
+        self.review_log.write(self._log_head, fields)
 
     def _log_rejected(self, status: int, message: str, start: float) -> None:
         fields = {

@@ -8,6 +8,9 @@
   Timeout` and the connection is closed. The body has its own deadline in the endpoint.
 * **Header size.** httptools buffers a header of any size until it ends; a header section over
   `max_header_bytes` gets `431 Request Header Fields Too Large` and the connection is closed.
+* **One write per answer.** uvicorn writes a response's head and its body in two transport
+  writes: two TLS records and two sends. Here the head is held and goes out with the body's
+  first bytes (every answer of this service comes in one body message).
 * **Draining.** When the service shuts down (`Drain.begin`), answers carry `Connection: close`
   so clients move to another replica, and a connection is closed only between requests: one
   idle at that moment is closed after `Drain.idle_grace` seconds without a request, so a request
@@ -19,8 +22,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
+from typing import TYPE_CHECKING
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+
+if TYPE_CHECKING:
+    from uvicorn._types import ASGISendEvent
 
 log = logging.getLogger("webhook.admission")
 
@@ -33,8 +40,49 @@ def _response(status: bytes, message: str) -> bytes:
     )
 
 
+# Set in a request's scope once its whole body has arrived: reading it then needs no deadline.
+BODY_RECEIVED = "trainjob_scheduling.body_received"
+
 REQUEST_TIMEOUT = _response(b"408 Request Timeout", "request headers not received in time")
 HEADERS_TOO_LARGE = _response(b"431 Request Header Fields Too Large", "request headers too large")
+
+
+class _HeadHeld(asyncio.Transport):
+    """The transport of one response once its head is written: the head (the first write) is
+    kept and sent with the next write, or before a close."""
+
+    __slots__ = ("head", "transport")
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        super().__init__()
+        self.transport = transport
+        self.head: bytes | None = None
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if self.head is None:
+            self.head = bytes(data)
+            return
+        if self.head:
+            data, self.head = self.head + data, b""
+        self.transport.write(data)
+
+    def close(self) -> None:
+        if self.head:
+            self.transport.write(self.head)
+            self.head = b""
+        self.transport.close()
+
+    def is_closing(self) -> bool:
+        return self.transport.is_closing()
+
+
+class _Cycle(RequestResponseCycle):
+    """uvicorn's request/response cycle, writing each response's head with its body."""
+
+    async def send(self, message: ASGISendEvent) -> None:
+        if not self.response_started and message["type"] == "http.response.start":
+            self.transport = _HeadHeld(self.transport)
+        await super().send(message)
 
 
 class Drain:
@@ -67,7 +115,8 @@ class HardenedProtocol(HttpToolsProtocol):
     max_header_bytes: int = 64 * 1024
     drainer: Drain | None = None  # set on the webhook server's protocol class only
 
-    _header_deadline: asyncio.TimerHandle | None = None
+    _header_deadline: float | None = None  # loop time the headers under way are due by
+    _deadline_timer: asyncio.TimerHandle | None = None
     _idle_close: asyncio.TimerHandle | None = None
     _in_body = False  # between the end of a request's headers and the end of its body
     _receiving = False  # a request has begun and its headers are not complete
@@ -105,15 +154,23 @@ class HardenedProtocol(HttpToolsProtocol):
         self._header_bytes = 0
         self._headers_done += 1
         super().on_headers_complete()
-        if self._draining and self.cycle is not None:
-            self.cycle.keep_alive = False  # the answer says Connection: close
+        cycle = self.cycle
+        if cycle is not None and type(cycle) is RequestResponseCycle:
+            # Made just now and not yet run (its task starts on the next loop turn).
+            cycle.__class__ = _Cycle
+        if self._draining and cycle is not None:
+            cycle.keep_alive = False  # the answer says Connection: close
 
     def on_message_complete(self) -> None:
         self._in_body = False
         super().on_message_complete()
+        self.scope[BODY_RECEIVED] = True  # type: ignore[literal-required]
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
+            self._deadline_timer = None
         self._cancel_idle_close()
         if self.drainer is not None:
             self.drainer.discard(self)
@@ -155,16 +212,25 @@ class HardenedProtocol(HttpToolsProtocol):
             self._idle_close.cancel()
             self._idle_close = None
 
+    # One timer per connection, not one per request: a deadline moves with each request and
+    # the timer, when it fires, looks again (a timer made and cancelled per request costs as
+    # much as a tenth of a pod review).
     def _arm(self) -> None:
-        self._disarm()
-        self._header_deadline = self.loop.call_later(self.header_timeout, self._expire)
+        self._header_deadline = self.loop.time() + self.header_timeout
+        if self._deadline_timer is None:
+            self._deadline_timer = self.loop.call_at(self._header_deadline, self._check_deadline)
 
     def _disarm(self) -> None:
-        if self._header_deadline is not None:
-            self._header_deadline.cancel()
-            self._header_deadline = None
+        self._header_deadline = None
 
-    def _expire(self) -> None:
+    def _check_deadline(self) -> None:
+        self._deadline_timer = None
+        due = self._header_deadline
+        if due is None:
+            return
+        if self.loop.time() < due:
+            self._deadline_timer = self.loop.call_at(due, self._check_deadline)
+            return
         self._header_deadline = None
         if not self.transport.is_closing():
             self._refuse(408, REQUEST_TIMEOUT, "headers too slow")

@@ -4,6 +4,9 @@ At thousands of reviews a second a `logging` record (caller lookup, LogRecord, f
 as much as the review itself. Review lines have the same JSON shape as every other log line
 (`logs.JsonFormatter`), are serialised once with orjson and written in one batch per event-loop
 turn. Everything else still goes through `logging`.
+
+The keys every line of a webhook starts with are serialised once (`head`): a line is its time,
+that head and the review's own fields, the same bytes orjson would make of the whole line.
 """
 
 from __future__ import annotations
@@ -29,15 +32,18 @@ class ReviewLog:
         )
         self._pending: list[bytes] = []
 
-    def write(self, fields: dict[str, Any]) -> None:
-        line = {
-            "ts": utc_timestamp(time.time()),
-            "level": "info",
-            "logger": LOGGER,
-            "msg": "admission review",
-            **fields,
-        }
-        self._pending.append(orjson.dumps(line, option=orjson.OPT_APPEND_NEWLINE, default=str))
+    @staticmethod
+    def head(**fields: Any) -> bytes:
+        """The serialised keys that follow `ts` on every line written with this head."""
+        line = {"level": "info", "logger": LOGGER, "msg": "admission review", **fields}
+        return orjson.dumps(line)[1:-1]
+
+    def write(self, head: bytes, fields: dict[str, Any]) -> None:
+        """One line: `ts`, the keys of `head`, then `fields` (which must not repeat them)."""
+        rest = orjson.dumps(fields, option=orjson.OPT_APPEND_NEWLINE, default=str)
+        ts = utc_timestamp(time.time()).encode()
+        glue = b"," if fields else b""
+        self._pending.append(b'{"ts":"%b",%b%b%b' % (ts, head, glue, rest[1:]))
         if len(self._pending) == 1:
             try:
                 asyncio.get_running_loop().call_soon(self.flush)
