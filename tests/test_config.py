@@ -110,3 +110,26 @@ def test_inconsistent_leader_election_durations_exit_2(tmp_path: Path) -> None:
     )
     assert proc.returncode == 2, proc.stderr
     assert "leader election" in proc.stderr and "renew" in proc.stderr
+
+
+def test_the_api_proxy_is_settled_once_from_the_environment() -> None:
+    """aiohttp's per-request netrc and proxy lookups (a thread each) are off; the proxy the
+    same variables name is used, lowercase first, NO_PROXY respected, a kubeconfig's kept."""
+    from kubernetes.aio.client import Configuration
+
+    from webhook.kube.client import settle_proxy
+
+    def proxy(env: dict[str, str], kubeconfig_proxy: str | None = None) -> str | None:
+        cfg = Configuration(host="https://10.0.0.1:443")
+        cfg.proxy = kubeconfig_proxy
+        settle_proxy(cfg, env)
+        assert cfg.client_session_kwargs == {"trust_env": False}
+        found: str | None = cfg.proxy
+        return found
+
+    assert proxy({}) is None
+    assert proxy({"HTTPS_PROXY": "http://p:3128"}) == "http://p:3128"
+    assert proxy({"HTTP_PROXY": "http://p:3128"}) is None  # not for an https server
+    assert proxy({"HTTPS_PROXY": "http://p:3128", "NO_PROXY": "10.0.0.1,.svc"}) is None
+    assert proxy({"HTTPS_PROXY": "http://up:1", "https_proxy": "http://low:1"}) == "http://low:1"
+    assert proxy({"HTTPS_PROXY": "http://p:3128"}, "http://kube:1") == "http://kube:1"

@@ -235,9 +235,10 @@ async def test_a_trainjob_gets_its_workload_and_podgroup_from_the_plan() -> None
         assert pg["metadata"]["ownerReferences"][1]["uid"] == uid(wl)
         assert pg["spec"]["workloadRef"] == {"workloadName": WORKLOAD, "templateName": WORKLOAD}
         assert SNAPSHOT_ANNOTATION in tj["metadata"]["annotations"]
-        created = await eventually(lambda: len(events(w.k, "Created")) == 2, "two Created events")
-        assert created
-        event = events(w.k, "Created")[0]
+        # One Event for the pass that made both (not one per object).
+        await eventually(lambda: events(w.k, "Created"), "a Created event")
+        (event,) = events(w.k, "Created")
+        assert event["note"] == f"created Workload {WORKLOAD!r}; created PodGroup {POD_GROUP!r}"
         assert event["regarding"]["uid"] == uid(tj)
         assert event["reportingController"] == CONTROLLER and event["type"] == "Normal"
 
@@ -638,3 +639,23 @@ async def test_without_the_scheduling_api_nothing_is_made_and_the_webhooks_stay_
 def tj_annotated(k: VersionedEmulator) -> bool:
     tj = stored(k, TRAINJOBS, NAME)
     return tj is not None and SNAPSHOT_ANNOTATION in (tj["metadata"].get("annotations") or {})
+
+
+async def test_writes_whose_answers_nobody_reads_still_fail_as_the_api_server_says() -> None:
+    """The snapshot patch and the Events are not decoded, but a refusal is still an ApiException
+    with the API server's status (the reconciler's 404/409/422 handling depends on it)."""
+    from kubernetes.aio.client.exceptions import ApiException
+
+    async with world() as w:
+        writer = ApiWriter(w.api)
+        with pytest.raises(ApiException) as gone:
+            await writer.snapshot_runtime(NS, "no-such-trainjob", "uid-1", "{}")
+        assert gone.value.status == 404 and "not found" in str(gone.value.body)
+        await create(w.k, TRAINJOBS, trainjob())
+        tj = await eventually(lambda: stored(w.k, TRAINJOBS, NAME), "the TrainJob")
+        with pytest.raises(ApiException) as other:  # a uid the stored TrainJob does not have
+            await writer.snapshot_runtime(NS, NAME, "another-uid", "{}")
+        assert other.value.status in (409, 422)
+        await writer.snapshot_runtime(NS, NAME, uid(tj), "{}")
+        after = stored(w.k, TRAINJOBS, NAME)
+        assert after is not None and after["metadata"]["annotations"][SNAPSHOT_ANNOTATION] == "{}"

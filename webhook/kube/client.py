@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
+import urllib.parse
+import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -55,8 +57,31 @@ async def connect(
     else:
         log.warning("no cluster configured: serving with an empty cache")
         return None
-    log.info("cluster configured", extra={"fields": {"source": source, "server": cfg.host}})
+    settle_proxy(cfg, env)
+    log.info(
+        "cluster configured",
+        extra={"fields": {"source": source, "server": cfg.host, "proxy": cfg.proxy or "none"}},
+    )
     return ApiClient(configuration=cfg)
+
+
+def settle_proxy(cfg: Configuration, environ: Mapping[str, str]) -> None:
+    """Decides once whether API requests go through a proxy, from the variables aiohttp would
+    read (`HTTPS_PROXY`, `NO_PROXY`, ...; a kubeconfig's `proxy-url` wins), and turns aiohttp's
+    `trust_env` off: with it on (kubernetes.aio's default) every request looks up `.netrc` and
+    the proxy variables in a thread of its own, two thread hops per API call that tell nothing
+    new (the service authenticates with a token or a certificate, never netrc)."""
+    if not cfg.proxy:
+        proxies: dict[str, str] = {}
+        for name in sorted(environ, key=str.islower):  # lowercase wins, as in urllib
+            if name.lower().endswith("_proxy") and environ[name]:
+                proxies[name.lower().removesuffix("_proxy")] = environ[name]
+        url = urllib.parse.urlsplit(cfg.host)
+        proxy = proxies.get(url.scheme)
+        bypass: Any = urllib.request.proxy_bypass_environment  # type: ignore[attr-defined]
+        if proxy and not bypass(url.hostname or "", proxies):
+            cfg.proxy = proxy
+    cfg.client_session_kwargs = {"trust_env": False}
 
 
 def resource(kind: Kind) -> Resource:

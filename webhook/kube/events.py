@@ -18,6 +18,7 @@ from typing import Any, Literal
 from kubernetes.aio.client import ApiClient, EventsV1Api
 
 from .microtime import MicroTime
+from .writer import unread
 
 log = logging.getLogger("webhook.events")
 
@@ -103,8 +104,12 @@ class EventRecorder:
             try:
                 # The client's own timeout (not wait_for, which on Python 3.11 can swallow the
                 # cancellation that stops this loop).
-                await self.events.create_namespaced_event(
-                    event["metadata"]["namespace"], body, _request_timeout=self.timeout
+                # The created Event comes back; decoding it into the client's models would
+                # cost more than posting it, and nothing reads it.
+                await unread(
+                    self.events.create_namespaced_event_without_preload_content(
+                        event["metadata"]["namespace"], body, _request_timeout=self.timeout
+                    )
                 )
             except asyncio.CancelledError:
                 raise

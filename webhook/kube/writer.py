@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from kubernetes.aio.client import ApiClient, CustomObjectsApi
+from kubernetes.aio.client.exceptions import ApiException
+from kubernetes.aio.client.rest import RESTResponse
 
 from ..backends.base import Kind
 from ..core.snapshot import SNAPSHOT_ANNOTATION
@@ -53,6 +55,22 @@ class WriterSettings:
     qps: float = 20.0
     burst: int = 30
     timeout: float = 10.0
+
+
+async def unread(response: Awaitable[Any]) -> None:
+    """Awaits a `*_without_preload_content` call whose answer nothing reads (a patch of an
+    annotation, an Event): the body is read off the connection but not decoded into objects,
+    and an error status raises `ApiException` as the decoding calls do."""
+    raw: Any = await response  # aiohttp's ClientResponse
+    try:
+        body: bytes = await raw.read()
+    finally:
+        raw.release()
+    if not 200 <= raw.status <= 299:
+        answer: Any = RESTResponse(raw)
+        answer.data = body
+        text = body.decode(errors="replace")
+        raise ApiException.from_response(http_resp=answer, body=text, data=None)
 
 
 class ApiWriter:
@@ -100,11 +118,12 @@ class ApiWriter:
         name: the API server refuses to change a uid (422 Invalid; 404 if the name is gone)."""
         r = TRAINJOBS
         body = {"metadata": {"uid": uid, "annotations": {SNAPSHOT_ANNOTATION: value}}}
-        await self._call(
-            self.objects.patch_namespaced_custom_object,
+        # The answer (the whole TrainJob, snapshot and all) is not decoded: nothing reads it.
+        await unread(self._call(
+            self.objects.patch_namespaced_custom_object_without_preload_content,
             r.group, r.version, namespace, r.plural, name, body,
             _content_type="application/merge-patch+json",
-        )  # fmt: skip
+        ))  # fmt: skip
 
     async def _call(self, method: Callable[..., Awaitable[Any]], *args: Any, **kw: Any) -> Any:
         await self.bucket.acquire()

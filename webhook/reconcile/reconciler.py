@@ -35,6 +35,7 @@ from ..core.validation import CheckedRuntime
 from ..kube.cache import Cache, EventType, Key, key_of
 from ..kube.events import EventRecorder
 from ..kube.writer import ApiWriter
+from .changes import Changes
 from .queue import QueueMetrics, ShutDown, WorkQueue
 
 if TYPE_CHECKING:
@@ -88,6 +89,8 @@ class Reconciler:
         # Objects created whose ADDED event has not come yet: the next pass must not create
         # them again (client-go's "expectations").
         self._created: dict[tuple[Kind, str, str], tuple[float, JsonObject]] = {}
+        # Snapshots written, until the watch brings them: TrainJob -> (uid, when, snapshot).
+        self._snapshots: dict[Key, tuple[str, float, str]] = {}
         self._waiting: dict[tuple[str, str, str], set[Key]] = {}  # runtime -> TrainJobs
         self.stood_down: set[Key] = set()  # TrainJobs another controller schedules
         self.without_backend: dict[str, set[Key]] = {}  # backend -> TrainJobs its API would serve
@@ -106,6 +109,7 @@ class Reconciler:
             await asyncio.sleep(0.1)
         self.queue = queue
         self._created.clear()  # a new term starts from the caches alone
+        self._snapshots.clear()
         log.info("reconciling", extra={"fields": {"workers": self.settings.workers}})
         self.resync()
         tasks = [asyncio.create_task(self._worker(queue)) for _ in range(self.settings.workers)]
@@ -173,6 +177,13 @@ class Reconciler:
     # --- one pass ------------------------------------------------------------------------------
 
     async def reconcile(self, key: Key) -> Result:
+        changes = Changes()
+        try:
+            return await self._reconcile(key, changes)
+        finally:  # also after a failure part way: what was done is told
+            changes.record(self.events)
+
+    async def _reconcile(self, key: Key, changes: Changes) -> Result:
         namespace, name = key
         entry = self.cache.trainjobs.get(namespace, name)
         if entry is None:
@@ -187,9 +198,10 @@ class Reconciler:
             # An API just served (discovery): until its watches have listed, the cache cannot
             # tell what exists, and every create (or removal) would be a guess.
             return Result(self.settings.wait_retry)
-        frozen = snapshot_of(raw)
+        frozen = self._frozen(key, raw, trainjob.metadata.uid)
         runtime = self.cache.snapshot_runtime(frozen) if frozen is not None else None
         no_gang = no_gang_reason(trainjob)
+        plan: Plan | None = None
         if runtime is None:
             if is_finished(trainjob) and not self._owned(trainjob.metadata.uid):
                 return DONE  # finished before we ever saw it: nothing to make or remove
@@ -198,20 +210,23 @@ class Reconciler:
             taken = await self._take_snapshot(key, raw, trainjob)
             if isinstance(taken, Result):
                 return taken
-            runtime = taken
+            runtime, plan = taken
         try:
-            plan = build_plan(trainjob, runtime)
+            if plan is None:
+                plan = build_plan(trainjob, runtime)
         except PlanningError as err:
             note = f"cannot plan its gang: {err.errors[0]}"
             self.events.record(raw, "Warning", "InvalidScheduling", "Reconcile", note)
             return DONE
         if plan is None or no_gang is not None:
             why = no_gang or "the runtime has no spec.scheduling"
-            return await self._remove_all(raw, why, recreate=False)
+            return await self._remove_all(raw, why, False, changes)
         backend = self._backend(key, raw, plan)
         if backend is None:
             if self.backends.for_plan(plan) is None:
-                return await self._remove_all(raw, "no gang backend serves its scheduler", False)
+                return await self._remove_all(
+                    raw, "no gang backend serves its scheduler", False, changes
+                )
             return DONE  # its API is not served: discovery resyncs every TrainJob once it is
         foreign = self.cache.foreign(backend, plan.trainjob_uid)
         self._track(self.stood_down, key, foreign is not None)
@@ -223,7 +238,7 @@ class Reconciler:
             )
             self.events.record(raw, "Warning", "StandingDown", "Reconcile", note)
             return DONE
-        return await self._converge(raw, plan, backend)
+        return await self._converge(raw, plan, backend, changes)
 
     def _backend(self, key: Key, raw: JsonObject, plan: Plan) -> GangBackend | None:
         """The backend whose objects the plan needs, if it can have them now (else an Event
@@ -264,14 +279,29 @@ class Reconciler:
             keys.discard(key)
 
     def _forget(self, key: Key) -> None:
+        self._snapshots.pop(key, None)
         self.stood_down.discard(key)
         for keys in self.without_backend.values():
             keys.discard(key)
 
+    def _frozen(self, key: Key, raw: JsonObject, uid: str) -> str | None:
+        """The TrainJob's runtime snapshot: in the cache, or written by this service and not yet
+        back through the watch (a pass woken by its own creates must not write it again)."""
+        frozen = snapshot_of(raw)
+        written = self._snapshots.get(key)
+        if written is None:
+            return frozen
+        written_uid, at, text = written
+        if frozen is not None or written_uid != uid or self.clock() - at > EXPECTATION_TTL:
+            del self._snapshots[key]
+            return frozen
+        return text
+
     async def _take_snapshot(
         self, key: Key, raw: JsonObject, trainjob: TrainJob
-    ) -> CheckedRuntime | Result:
-        """Freezes the runtime into the TrainJob; a Result when there is nothing to do yet."""
+    ) -> tuple[CheckedRuntime, Plan | None] | Result:
+        """Freezes the runtime into the TrainJob, and its plan (None when it cannot be planned:
+        planned again to say why); a Result when there is nothing to do yet."""
         kind, ref = trainjob.runtime_kind, trainjob.spec.runtime_ref.name or ""
         checked = self.cache.runtime(kind, trainjob.namespace, ref)
         if checked is None or checked.layout is None or not checked.verdict.allowed:
@@ -292,21 +322,23 @@ class Reconciler:
             return DONE  # a TrainJob this service cannot gang now: leave it untouched
         assert trainjob.metadata.uid is not None
         namespace, name = key
+        text = snapshot(checked.runtime)
         try:
-            await self.writer.snapshot_runtime(
-                namespace, name, trainjob.metadata.uid, snapshot(checked.runtime)
-            )
+            await self.writer.snapshot_runtime(namespace, name, trainjob.metadata.uid, text)
         except ApiException as err:
             if err.status in (404, 409, 422):  # gone, or another TrainJob now has the name
                 return Result(self.settings.wait_retry)
             raise
+        self._snapshots[key] = (trainjob.metadata.uid, self.clock(), text)
         log.info(
             "runtime snapshot written",
             extra={"fields": {"trainjob": "/".join(key), "runtime": f"{kind}/{ref}"}},
         )
-        return checked
+        return checked, plan
 
-    async def _converge(self, trainjob: JsonObject, plan: Plan, backend: GangBackend) -> Result:
+    async def _converge(
+        self, trainjob: JsonObject, plan: Plan, backend: GangBackend, changes: Changes
+    ) -> Result:
         """Creates what is missing (parents first), repairs drift, and removes what this
         TrainJob no longer needs, of any backend (children first)."""
         uid = plan.trainjob_uid
@@ -328,11 +360,24 @@ class Reconciler:
             )
             self.events.record(trainjob, "Warning", "GangKindUnavailable", "Reconcile", note)
             return DONE  # discovery looks at every TrainJob again once they are served
-        stored_uids: dict[tuple[str, str], str] = {}
+        # Children point at their parents' uids: those stored now, and rendered again only
+        # when a parent stored during this pass changes them (the first pass's creates).
+        stored_uids = {
+            (kind.kind, name): obj_uid
+            for kind in backend.kinds
+            for obj in self.cache.owned(kind, uid)
+            if isinstance(name := _meta(obj).get("name"), str)
+            and isinstance(obj_uid := _meta(obj).get("uid"), str)
+        }
+        rendered, rendered_for = backend.render(plan, context, stored_uids), dict(stored_uids)
         wanted: set[tuple[Kind, str]] = set()
         for kind in backend.kinds:
-            # Rendered again per kind: children point at the parents stored just before.
-            for desired in backend.render(plan, context, stored_uids):
+            if stored_uids != rendered_for:
+                rendered, rendered_for = (
+                    backend.render(plan, context, stored_uids),
+                    dict(stored_uids),
+                )
+            for desired in rendered:
                 if desired.get("kind") != kind.kind:
                     continue
                 name = desired["metadata"]["name"]
@@ -340,7 +385,7 @@ class Reconciler:
                 stored = self._stored(kind, plan.namespace, name)
                 if stored is None:
                     try:
-                        stored = await self._create(trainjob, kind, desired)
+                        stored = await self._create(trainjob, kind, desired, changes)
                     except ApiException as err:
                         if err.status not in (400, 403, 422):
                             raise
@@ -356,7 +401,7 @@ class Reconciler:
                     if wait is not None:
                         return wait
                     drift = backend.drift(desired, stored)
-                    outcome = await self._apply_drift(trainjob, kind, stored, drift)
+                    outcome = await self._apply_drift(trainjob, kind, stored, drift, changes)
                     if outcome is not None:
                         return outcome
                 stored_uid = _meta(stored).get("uid")
@@ -365,7 +410,7 @@ class Reconciler:
         for kind in reversed(self.kinds):
             for stale in self._deepest_first(kind, self.cache.owned(kind, uid)):
                 if is_managed(stale) and (kind, _meta(stale).get("name")) not in wanted:
-                    await self._delete(trainjob, kind, stale, "no longer in the plan")
+                    await self._delete(trainjob, kind, stale, "no longer in the plan", changes)
         return DONE
 
     def _deepest_first(self, kind: Kind, objs: list[JsonObject]) -> list[JsonObject]:
@@ -401,7 +446,7 @@ class Reconciler:
         return None
 
     async def _apply_drift(
-        self, trainjob: JsonObject, kind: Kind, stored: JsonObject, drift: Drift
+        self, trainjob: JsonObject, kind: Kind, stored: JsonObject, drift: Drift, changes: Changes
     ) -> Result | None:
         meta = _meta(stored)
         if drift.dropped:
@@ -420,13 +465,15 @@ class Reconciler:
                     return Result(self.settings.wait_retry)
                 raise
             note = f"{kind.kind} {meta['name']!r} updated in place: {drift.reason}"
-            self.events.record(trainjob, "Normal", "Updated", "Update", note)
+            changes.add(trainjob, "Updated", "Update", note)
         elif drift.kind == "recreate":
             why = f"{kind.kind} drifted: {drift.reason}"
-            return await self._remove_all(trainjob, why, recreate=True)
+            return await self._remove_all(trainjob, why, True, changes)
         return None
 
-    async def _remove_all(self, trainjob: JsonObject, why: str, recreate: bool) -> Result:
+    async def _remove_all(
+        self, trainjob: JsonObject, why: str, recreate: bool, changes: Changes
+    ) -> Result:
         """Children first, then parents (rule 8(e)), of every backend; only objects this
         service made for this TrainJob. With `recreate`, look again once they are gone."""
         uid = _meta(trainjob).get("uid")
@@ -435,11 +482,13 @@ class Reconciler:
             owned = self.cache.owned(kind, uid if isinstance(uid, str) else None)
             for obj in self._deepest_first(kind, owned):
                 if is_managed(obj) and _meta(obj).get("uid") not in self._deleted:
-                    await self._delete(trainjob, kind, obj, why)
+                    await self._delete(trainjob, kind, obj, why, changes)
                     removed = True
         return Result(self.settings.wait_retry) if removed and recreate else DONE
 
-    async def _create(self, trainjob: JsonObject, kind: Kind, obj: JsonObject) -> JsonObject | None:
+    async def _create(
+        self, trainjob: JsonObject, kind: Kind, obj: JsonObject, changes: Changes
+    ) -> JsonObject | None:
         """Creates `obj`; None when its name is taken (the cache will tell by whom)."""
         try:
             created: JsonObject = await self.writer.create(kind, obj)
@@ -451,11 +500,12 @@ class Reconciler:
         if self._stored(kind, meta["namespace"], meta["name"]) is None:
             # Until the watch brings it (if it already has, there is nothing to remember).
             self._created[(kind, meta["namespace"], meta["name"])] = (self.clock(), created)
-        note = f"created {kind.kind} {meta['name']!r}"
-        self.events.record(trainjob, "Normal", "Created", "Create", note)
+        changes.add(trainjob, "Created", "Create", f"created {kind.kind} {meta['name']!r}")
         return created
 
-    async def _delete(self, trainjob: JsonObject, kind: Kind, obj: JsonObject, why: str) -> None:
+    async def _delete(
+        self, trainjob: JsonObject, kind: Kind, obj: JsonObject, why: str, changes: Changes
+    ) -> None:
         meta = _meta(obj)
         uid = meta.get("uid")
         try:
@@ -466,8 +516,7 @@ class Reconciler:
             return  # its DELETED event has come or will: nothing to wait for
         if isinstance(uid, str):
             self._deleted.add(uid)
-        note = f"deleted {kind.kind} {meta['name']!r}: {why}"
-        self.events.record(trainjob, "Normal", "Deleted", "Delete", note)
+        changes.add(trainjob, "Deleted", "Delete", f"deleted {kind.kind} {meta['name']!r}: {why}")
 
     def _stored(self, kind: Kind, namespace: str, name: str) -> JsonObject | None:
         entry = self.cache.store(kind).get(namespace, name)
