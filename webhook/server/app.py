@@ -29,7 +29,6 @@ from ..admission.review import (
     Review,
     encode,
     errored,
-    parse,
     shown_warnings,
 )
 from ..admission.routes import WEBHOOKS, Webhook
@@ -152,7 +151,7 @@ class AdmissionEndpoint:
             return err.status
         review: Review | None = None
         try:
-            review = parse(body)
+            review = self.webhook.parse(body)
             decision = self.webhook.judge(review) or self.webhook.handler(review, self.cache)
             uid = review.uid
         except BadReview as err:
