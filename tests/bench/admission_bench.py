@@ -10,7 +10,13 @@ Three server processes, each pinned to CPU 0 (the load generator is pinned to CP
   logging one INFO JSON line per review (production's default) to a file;
 - the same service logging at WARNING (no line per review), to show what the log line costs;
 - a bare uvicorn app (httptools, uvloop, same certificate) that reads the body, `orjson.loads`
-  it and answers a canned AdmissionReview echoing the uid.
+  it and answers a canned AdmissionReview echoing the uid;
+- the same bare app inside the service's own server (hardened protocol, draining, reloading
+  TLS): what the server costs apart from the service's app.
+
+The goals are printed with the ratios: pod mutation at 0.8x or more of the bare app by CPU per
+review with a p99 at most 1.3x, runtime validation at 0.3x or more (the bench repeats one
+runtime, as the API server's dry run and apply of one version do: the memo's hit path).
 
 The load generator keeps `--concurrency` requests in flight over `--connections` keep-alive
 HTTP/1.1 connections (closed loop: each answer triggers the next request; fewer connections than

@@ -31,6 +31,10 @@ process's CPU time and memory are its own. Measured in the reconciler process:
 - resync: `reconciler.resync()` once settled, timed until all N passes are done and the queue is
   idle; a converged pass must write nothing: the writer's calls, the Events recorded and the
   emulator's resourceVersion (which every stored write bumps) are compared;
+- ceiling: once all that is measured, N Workload + PodGroup pairs like the reconciler's created
+  straight through the same writer and client, `--workers` at a time, the informers watching,
+  until the stores hold them; the reconciler's TrainJobs/s against these pairs/s is the ratio
+  (goal 0.8x);
 - CPU: each process's CPU seconds over the first pass, as a share of the wall time (100% is one
   core) and per TrainJob; "noise" is the CPU other processes took on the two cores meanwhile (a
   shared machine: then the wall times are long, and the CPU per TrainJob is the steadier figure);
