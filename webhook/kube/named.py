@@ -17,11 +17,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
 from kubernetes.aio.client import ApiClient
 from kubernetes.aio.client.exceptions import ApiException
 
 from .informer import MIN_WATCH_SECONDS, Backoff, _event
+from .rest import json_of
 
 log = logging.getLogger("webhook.named")
 
@@ -45,21 +45,6 @@ class Ref:
     @property
     def group(self) -> str:
         return "" if self.resource == SECRETS else "admissionregistration.k8s.io"
-
-
-async def _json(response: Any) -> Json:
-    """The body of a raw (aiohttp) response; an ApiException unless it is a 2xx."""
-    try:
-        body = await response.read()
-        if not 200 <= response.status < 300:
-            text = body[:500].decode(errors="replace")
-            raise ApiException(status=response.status, reason=response.reason, body=text)
-        obj = orjson.loads(body)
-    finally:
-        response.release()
-    if not isinstance(obj, dict):
-        raise ValueError("the answer is not a JSON object")
-    return obj
 
 
 def secret(ref: Ref, data: dict[str, str], resource_version: str | None = None) -> Json:
@@ -127,22 +112,22 @@ class Named:
     async def get(self, ref: Ref) -> Json | None:
         """The object, or None when there is none (404)."""
         try:
-            return await _json(await self._request("GET", self._path(ref)))
+            return await json_of(await self._request("GET", self._path(ref)))
         except ApiException as err:
             if err.status == 404:
                 return None
             raise
 
     async def create(self, ref: Ref, body: Json) -> Json:
-        return await _json(await self._request("POST", self._path(ref, one=False), body=body))
+        return await json_of(await self._request("POST", self._path(ref, one=False), body=body))
 
     async def replace(self, ref: Ref, body: Json) -> Json:
         """A PUT; with the resourceVersion in `body`, 409 if the object changed since."""
-        return await _json(await self._request("PUT", self._path(ref), body=body))
+        return await json_of(await self._request("PUT", self._path(ref), body=body))
 
     async def json_patch(self, ref: Ref, ops: list[Json]) -> Json:
         response = await self._request("PATCH", self._path(ref), body=ops, content_type=JSON_PATCH)
-        return await _json(response)
+        return await json_of(response)
 
     async def watch(self, ref: Ref, resource_version: str | None, timeout_seconds: int) -> Any:
         """The raw response of a watch of just this object: a stream of JSON lines."""

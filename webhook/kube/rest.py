@@ -43,16 +43,22 @@ async def request(
     return response.response
 
 
-async def json_of(response: Any) -> Json:
-    """The body of a raw response as a JSON object; an ApiException unless it is a 2xx."""
+async def body_of(response: Any) -> bytes:
+    """The body of a raw (aiohttp) response, read and the connection released; an ApiException
+    (the status, and the start of the body) unless it is a 2xx."""
     try:
-        body = await response.read()
-        if not 200 <= response.status < 300:
-            text = body[:500].decode(errors="replace")
-            raise ApiException(status=response.status, reason=response.reason, body=text)
-        obj = orjson.loads(body)
+        body: bytes = await response.read()
     finally:
         response.release()
+    if not 200 <= response.status < 300:
+        text = body[:500].decode(errors="replace")
+        raise ApiException(status=response.status, reason=response.reason, body=text)
+    return body
+
+
+async def json_of(response: Any) -> Json:
+    """The body of a raw response as a JSON object; an ApiException unless it is a 2xx."""
+    obj = orjson.loads(await body_of(response))
     if not isinstance(obj, dict):
         raise ValueError("the answer is not a JSON object")
     return obj

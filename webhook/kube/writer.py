@@ -14,12 +14,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from kubernetes.aio.client import ApiClient, CustomObjectsApi
-from kubernetes.aio.client.exceptions import ApiException
-from kubernetes.aio.client.rest import RESTResponse
 
 from ..backends.base import Kind
 from ..core.snapshot import SNAPSHOT_ANNOTATION
 from .client import TRAINJOBS
+from .rest import body_of
 
 JsonObject = dict[str, Any]
 
@@ -61,16 +60,7 @@ async def unread(response: Awaitable[Any]) -> None:
     """Awaits a `*_without_preload_content` call whose answer nothing reads (a patch of an
     annotation, an Event): the body is read off the connection but not decoded into objects,
     and an error status raises `ApiException` as the decoding calls do."""
-    raw: Any = await response  # aiohttp's ClientResponse
-    try:
-        body: bytes = await raw.read()
-    finally:
-        raw.release()
-    if not 200 <= raw.status <= 299:
-        answer: Any = RESTResponse(raw)
-        answer.data = body
-        text = body.decode(errors="replace")
-        raise ApiException.from_response(http_resp=answer, body=text, data=None)
+    await body_of(await response)
 
 
 class ApiWriter:
