@@ -2,7 +2,7 @@
 
 Run with `make bench` or `python -m tests.bench.admission_bench [--seconds N] [--concurrency C]
 [--connections K] [--rounds R] [--profile]`. Numbers, not pass/fail (exit status 0 unless
-something broke); the whole run takes about 40 s with the defaults.
+something broke); the whole run takes about 70 s with the defaults (three interleaved runs of each of six scenarios).
 
 Three server processes, each pinned to CPU 0 (the load generator is pinned to CPU 1):
 
@@ -652,7 +652,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--seconds", type=float, default=3.0, help="measured seconds per run")
     parser.add_argument("--warmup", type=float, default=0.5, help="warm-up seconds per run")
-    parser.add_argument("--rounds", type=int, default=2, help="runs per scenario (best is shown)")
+    parser.add_argument("--rounds", type=int, default=3, help="runs per scenario (best is shown)")
     parser.add_argument("--concurrency", type=int, default=16, help="requests in flight")
     parser.add_argument(
         "--connections",
