@@ -2,9 +2,10 @@
 
 Run with `make bench` or `python -m tests.bench.admission_bench [--seconds N] [--concurrency C]
 [--connections K] [--rounds R] [--profile]`. Numbers, not pass/fail (exit status 0 unless
-something broke); the whole run takes about 70 s with the defaults (three interleaved runs of each of six scenarios).
+something broke); the whole run takes about 70 s with the defaults (three interleaved runs of
+each of six scenarios).
 
-Three server processes, each pinned to CPU 0 (the load generator is pinned to CPU 1):
+Four server processes, each pinned to CPU 0 (the load generator is pinned to CPU 1):
 
 - the service: `Service` with a cache holding the fixtures' TrainJob and runtimes, under uvloop,
   logging one INFO JSON line per review (production's default) to a file;
