@@ -117,7 +117,7 @@ def test_the_api_proxy_is_settled_once_from_the_environment() -> None:
     same variables name is used, lowercase first, NO_PROXY respected, a kubeconfig's kept."""
     from kubernetes.aio.client import Configuration
 
-    from webhook.kube.client import settle_proxy
+    from webhook.kube.client import settle_proxy, shown_url
 
     def proxy(env: dict[str, str], kubeconfig_proxy: str | None = None) -> str | None:
         cfg = Configuration(host="https://10.0.0.1:443")
@@ -133,3 +133,8 @@ def test_the_api_proxy_is_settled_once_from_the_environment() -> None:
     assert proxy({"HTTPS_PROXY": "http://p:3128", "NO_PROXY": "10.0.0.1,.svc"}) is None
     assert proxy({"HTTPS_PROXY": "http://up:1", "https_proxy": "http://low:1"}) == "http://low:1"
     assert proxy({"HTTPS_PROXY": "http://p:3128"}, "http://kube:1") == "http://kube:1"
+    assert proxy({"HTTPS_PROXY": "http://up:1", "https_proxy": ""}) is None  # urllib's rule
+    assert proxy({"HTTPS_PROXY": "https://p:3129"}) is None  # aiohttp ignored these too
+    # A proxy's password never reaches a log line.
+    assert shown_url("http://user:secret@p:3128/x") == "http://p:3128/x"
+    assert shown_url("http://p:3128") == "http://p:3128"

@@ -543,6 +543,32 @@ def test_a_1_mib_header_section_is_431_and_others_are_answered(target: Target) -
     assert post(target.client, POD_PATH, fixture(POD_REVIEW)).status == 200
 
 
+def test_a_head_request_is_answered_and_keeps_pipelined_answers_in_order(target: Target) -> None:
+    """uvicorn writes no body for HEAD: the answer's head, held to go out with the body, must
+    still go out at once, and the answer to a request pipelined behind it must follow it."""
+    sock = tls_connect(target.served)
+    head = b"HEAD /mutate--v1-pod HTTP/1.1\r\nhost: localhost\r\n\r\n"
+    sock.sendall(head)
+    first = read_head(sock)
+    assert first.startswith(b"HTTP/1.1 405 "), first[:200]
+    body = orjson.dumps(fixture(POD_REVIEW))
+    post_request = (
+        b"POST /mutate--v1-pod HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json"
+        b"\r\ncontent-length: %d\r\n\r\n%b" % (len(body), body)
+    )
+    sock.sendall(head + post_request)
+    answers = b""
+    sock.settimeout(5)
+    while answers.count(b"HTTP/1.1 ") < 2 or not answers.rstrip().endswith(b"}"):
+        chunk = sock.recv(65536)
+        assert chunk, answers[:300]
+        answers += chunk
+    assert answers.startswith(b"HTTP/1.1 405 "), answers[:200]
+    second = answers[answers.index(b"HTTP/1.1 ", 10) :]
+    assert second.startswith(b"HTTP/1.1 200 ") and b'"allowed":true' in second, second[:300]
+    sock.close()
+
+
 def test_slow_clients_lose_their_connections(tmp_path: Path) -> None:
     """A TCP connection that never starts TLS is closed by the header deadline (not asyncio's
     60 s); a body that keeps trickling in after its 408 loses its connection, and the server

@@ -60,3 +60,11 @@ def test_a_runtime_review_sent_again_is_answered_the_same_from_the_memo() -> Non
         assert cache.runtime_verdicts.hits == hits + 1
         assert again == first
     assert not validate_runtime_review(parse(orjson.dumps(bad)), cache).allowed
+
+
+def test_an_answer_not_worth_its_memory_is_not_kept() -> None:
+    memo: Memo[str] = Memo()
+    assert memo.get(lambda: "x" * 10_000, {"a": 1}, keep=lambda a: len(a) < 100) == "x" * 10_000
+    assert len(memo) == 0
+    assert memo.get(lambda: "small", {"a": 2}, keep=lambda a: len(a) < 100) == "small"
+    assert len(memo) == 1

@@ -246,3 +246,18 @@ async def test_events_beyond_the_queue_are_dropped_and_counted_not_reported_as_p
         recorder.record(trainjob_raw, "Normal", "Created", "Create", note)
     recorder.record(trainjob_raw, "Normal", "Created", "Create", "one")  # a repeat: de-duplicated
     assert posted == ["Created"] and len(drops) == 2 and recorder.dropped == 2
+
+
+def test_a_pass_tells_its_changes_in_one_note_that_fits_an_event() -> None:
+    from webhook.kube.events import MAX_NOTE
+    from webhook.reconcile.changes import summary
+
+    assert summary(["created Workload 'a'", "created PodGroup 'b'"]) == (
+        "created Workload 'a'; created PodGroup 'b'"
+    )
+    many = [f"created PodGroup 'my-job-rack-{i:03d}'" for i in range(100)]
+    note = summary(many)
+    assert len(note.encode()) <= MAX_NOTE and note.startswith(many[0])
+    shown = note.count("created PodGroup")
+    assert note.endswith(f"; and {100 - shown} more") and 0 < shown < 100
+    assert summary(["x" * 2000, "y"]) == "x" * 2000  # nothing fits: the first (cut when posted)

@@ -101,7 +101,9 @@ def validate_runtime_review(review: Review, cache: Cache) -> Decision:
     assert review.object is not None
     new, old = review.object, review.old_object if review.operation == "UPDATE" else None
     # Worked out once per content: the same version comes again (dry run, then the apply).
-    verdict, tree_scheduler = cache.runtime_verdicts.get(lambda: _judge_runtime(new, old), new, old)
+    verdict, tree_scheduler = cache.runtime_verdicts.get(
+        lambda: _judge_runtime(new, old), new, old, keep=_small
+    )
     if not verdict.allowed:
         return denied(review, verdict.errors, verdict.warnings)
     if tree_scheduler is not None:  # what the cluster serves may change: asked every time
@@ -109,6 +111,14 @@ def validate_runtime_review(review: Review, cache: Cache) -> Decision:
         if errors:
             return denied(review, errors, verdict.warnings)
     return Decision(warnings=list(verdict.warnings))
+
+
+def _small(judged: tuple[Verdict, str | None]) -> bool:
+    """A verdict worth remembering: a denial or warnings may quote what a tenant wrote, and 256
+    of them must stay small (the usual verdict has no error and a warning or two)."""
+    verdict = judged[0]
+    said = [*map(str, verdict.errors), *verdict.warnings]
+    return len(said) <= 16 and sum(map(len, said)) <= 4096
 
 
 def _judge_runtime(

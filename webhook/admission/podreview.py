@@ -4,10 +4,13 @@ Every pod of every TrainJob comes through the pod webhook, and a pod's review is
 webhook never reads (containers, volumes, env, managed fields): decoding all of it into Python
 objects was the largest single cost of a pod review. msgspec decodes the envelope and, of the
 pod, only its name, namespace, labels, annotations and the spec fields a backend's tie may read,
-skipping the rest without building it (about a quarter of the cost of decoding it all). Anything
-but the usual shape (a field of another type, a CREATE with an old object, deep nesting, not
-JSON) is read again by the general `review.parse`, so a strange body gets the answer it always
-got.
+skipping the rest without building it (about half the cost of decoding it all). Anything but
+the usual shape (a field of another type, a CREATE with an old object, deep nesting, not JSON) is
+read again by the general `review.parse`, so a strange body gets the answer it always got. One
+difference stays: msgspec does not look inside what it skips, so a body that is invalid only
+there (bytes that are not UTF-8, a number past a float's range in, say, a container's env) is
+answered as if it were valid, where the general parser says 400. The API server never sends
+such a body; a client that does only gets its own answer.
 """
 
 from __future__ import annotations

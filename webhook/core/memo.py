@@ -4,7 +4,8 @@ The API server sends a runtime's review more than once for one version (a server
 before the apply, reinvocation, a retried request, `kubectl apply` of an unchanged file): each
 time the whole validation would run again for the same answer. The key is a digest of the
 documents' canonical JSON, so only the same content finds an answer; the memo holds at most
-`size` answers (least recently used go first), whatever tenants send.
+`size` answers (least recently used go first), and the caller says which are small enough to
+keep, whatever tenants send.
 """
 
 from __future__ import annotations
@@ -38,8 +39,11 @@ class Memo(Generic[T]):
     def __len__(self) -> int:
         return len(self._answers)
 
-    def get(self, compute: Callable[[], T], *documents: Any) -> T:
-        """The answer for these documents: remembered, or `compute()`d and remembered."""
+    def get(
+        self, compute: Callable[[], T], *documents: Any, keep: Callable[[T], bool] | None = None
+    ) -> T:
+        """The answer for these documents: remembered, or `compute()`d and remembered (unless
+        `keep` says it is not worth its memory)."""
         key = digest(*documents)
         if key is None:
             self.misses += 1
@@ -51,6 +55,8 @@ class Memo(Generic[T]):
             return answer
         self.misses += 1
         answer = compute()
+        if keep is not None and not keep(answer):
+            return answer
         self._answers[key] = answer
         if len(self._answers) > self.size:
             self._answers.popitem(last=False)

@@ -60,7 +60,13 @@ async def connect(
     settle_proxy(cfg, env)
     log.info(
         "cluster configured",
-        extra={"fields": {"source": source, "server": cfg.host, "proxy": cfg.proxy or "none"}},
+        extra={
+            "fields": {
+                "source": source,
+                "server": cfg.host,
+                "proxy": shown_url(cfg.proxy) if cfg.proxy else "none",
+            }
+        },
     )
     return ApiClient(configuration=cfg)
 
@@ -72,16 +78,47 @@ def settle_proxy(cfg: Configuration, environ: Mapping[str, str]) -> None:
     the proxy variables in a thread of its own, two thread hops per API call that tell nothing
     new (the service authenticates with a token or a certificate, never netrc)."""
     if not cfg.proxy:
-        proxies: dict[str, str] = {}
-        for name in sorted(environ, key=str.islower):  # lowercase wins, as in urllib
-            if name.lower().endswith("_proxy") and environ[name]:
-                proxies[name.lower().removesuffix("_proxy")] = environ[name]
         url = urllib.parse.urlsplit(cfg.host)
+        proxies = _environment_proxies(environ)
         proxy = proxies.get(url.scheme)
         bypass: Any = urllib.request.proxy_bypass_environment  # type: ignore[attr-defined]
-        if proxy and not bypass(url.hostname or "", proxies):
+        if proxy and urllib.parse.urlsplit(proxy).scheme in ("https", "wss"):
+            # As aiohttp: it cannot talk TLS to a proxy, and ignored such a variable.
+            log.warning(
+                "an https:// proxy is not supported; connecting directly",
+                extra={"fields": {"proxy": shown_url(proxy)}},
+            )
+        elif proxy and not bypass(url.hostname or "", proxies):
             cfg.proxy = proxy
     cfg.client_session_kwargs = {"trust_env": False}
+
+
+def _environment_proxies(environ: Mapping[str, str]) -> dict[str, str]:
+    """urllib's reading of the `*_proxy` variables: any case, then the lowercase ones again,
+    which win (an empty lowercase one removes the uppercase one's proxy)."""
+    proxies: dict[str, str] = {}
+    for name, value in environ.items():
+        if value and name.lower().endswith("_proxy"):
+            proxies[name.lower().removesuffix("_proxy")] = value
+    for name, value in environ.items():
+        if name.endswith("_proxy"):
+            if value:
+                proxies[name.removesuffix("_proxy")] = value
+            else:
+                proxies.pop(name.removesuffix("_proxy"), None)
+    return proxies
+
+
+def shown_url(url: str) -> str:
+    """A URL fit for a log line: without its user and password."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"[{host}]" if ":" in host else host
+    if parts.port is not None:
+        netloc += f":{parts.port}"
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
 
 def resource(kind: Kind) -> Resource:

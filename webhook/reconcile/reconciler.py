@@ -348,7 +348,7 @@ class Reconciler:
                 f"its runtime combines levels into a tree of groups of groups, which the "
                 f"{backend.name} gang backend cannot express: no gang"
             )
-            self.events.record(trainjob, "Warning", "GangKindUnavailable", "Reconcile", note)
+            changes.warn(self.events, trainjob, "GangKindUnavailable", "Reconcile", note)
             return DONE
         kind = self.cache.missing_kind(backend, plan)
         if kind is not None:
@@ -358,7 +358,7 @@ class Reconciler:
                 f"its plan needs {kind.kind}s, which the cluster does not serve "
                 f"({kind.group_version}: is the feature gate on?): no gang until it does"
             )
-            self.events.record(trainjob, "Warning", "GangKindUnavailable", "Reconcile", note)
+            changes.warn(self.events, trainjob, "GangKindUnavailable", "Reconcile", note)
             return DONE  # discovery looks at every TrainJob again once they are served
         # Children point at their parents' uids: those stored now, and rendered again only
         # when a parent stored during this pass changes them (the first pass's creates).
@@ -392,12 +392,12 @@ class Reconciler:
                         # Refused as it is (another scheduler's webhook: a closed queue, a
                         # quota): say why, and try again later rather than in a tight loop.
                         note = f"the API server refused {kind.kind} {name!r}: {_reason(err)}"
-                        self.events.record(trainjob, "Warning", "Refused", "Create", note)
+                        changes.warn(self.events, trainjob, "Refused", "Create", note)
                         return Result(self.settings.conflict_retry)
                     if stored is None:
                         return Result(self.settings.wait_retry)
                 else:
-                    wait = self._check_ours(trainjob, kind, stored, uid)
+                    wait = self._check_ours(trainjob, kind, stored, uid, changes)
                     if wait is not None:
                         return wait
                     drift = backend.drift(desired, stored)
@@ -421,7 +421,12 @@ class Reconciler:
         return sorted(objs, key=lambda obj: -backend.depth(kind, obj))
 
     def _check_ours(
-        self, trainjob: JsonObject, kind: Kind, stored: JsonObject, uid: str | None
+        self,
+        trainjob: JsonObject,
+        kind: Kind,
+        stored: JsonObject,
+        uid: str | None,
+        changes: Changes,
     ) -> Result | None:
         """None when `stored` is ours and settled; else when to look again."""
         meta = _meta(stored)
@@ -439,7 +444,7 @@ class Reconciler:
                 f"{kind.kind} {meta.get('name')!r} exists and was not made by this service for "
                 "this TrainJob; leaving it alone (delete it to let this TrainJob have its gang)"
             )
-            self.events.record(trainjob, "Warning", "Conflict", "Reconcile", note)
+            changes.warn(self.events, trainjob, "Conflict", "Reconcile", note)
             return Result(self.settings.conflict_retry)
         if meta.get("deletionTimestamp") or meta.get("uid") in self._deleted:
             return Result(self.settings.wait_retry)  # going away: recreate after it has gone
@@ -454,7 +459,7 @@ class Reconciler:
                 f"the API server dropped {', '.join(drift.dropped)} from {kind.kind} "
                 f"{meta.get('name')!r}: enable the feature gate; not recreating it"
             )
-            self.events.record(trainjob, "Warning", "FeatureGateOff", "Reconcile", note)
+            changes.warn(self.events, trainjob, "FeatureGateOff", "Reconcile", note)
         if drift.kind == "patch":
             try:
                 await self.writer.json_patch(

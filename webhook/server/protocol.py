@@ -66,11 +66,16 @@ class _HeadHeld(asyncio.Transport):
             data, self.head = self.head + data, b""
         self.transport.write(data)
 
-    def close(self) -> None:
+    def release(self) -> asyncio.Transport:
+        """Sends a head still held (a response that wrote no body: HEAD, an empty 204) and
+        gives back the connection's own transport."""
         if self.head:
             self.transport.write(self.head)
-            self.head = b""
-        self.transport.close()
+        self.head = b""
+        return self.transport
+
+    def close(self) -> None:
+        self.release().close()
 
     def is_closing(self) -> bool:
         return self.transport.is_closing()
@@ -83,6 +88,11 @@ class _Cycle(RequestResponseCycle):
         if not self.response_started and message["type"] == "http.response.start":
             self.transport = _HeadHeld(self.transport)
         await super().send(message)
+        transport = self.transport
+        if self.response_complete and isinstance(transport, _HeadHeld):
+            # uvicorn writes no body for HEAD (and may end a response without one): the head
+            # must not wait for a write that never comes.
+            self.transport = transport.release()
 
 
 class Drain:
