@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..core.trainer import TRAINER_GROUP
 from . import handlers as h
-from .podreview import parse_pod_review
-from .review import Decision, Review, errored, parse
+from .review import Decision, Review, errored
 
 
 @dataclass(frozen=True)
@@ -19,7 +17,6 @@ class Webhook:
     kind: str
     resource: str
     handler: h.Handler
-    parse: Callable[[bytes], Review] = parse  # the body to a Review (or BadReview)
 
     @property
     def path(self) -> str:
@@ -43,7 +40,7 @@ TRAINER = TRAINER_GROUP
 SCHEDULING = "scheduling.k8s.io"
 
 WEBHOOKS: tuple[Webhook, ...] = (
-    Webhook("mutate", "", "v1", "Pod", "pods", h.mutate_pod_review, parse_pod_review),
+    Webhook("mutate", "", "v1", "Pod", "pods", h.mutate_pod_review),
     Webhook("mutate", TRAINER, "v1alpha1", "ClusterTrainingRuntime", "clustertrainingruntimes",
             h.mutate_runtime_review),
     Webhook("mutate", TRAINER, "v1alpha1", "TrainingRuntime", "trainingruntimes",

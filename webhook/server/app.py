@@ -29,6 +29,7 @@ from ..admission.review import (
     Review,
     encode,
     errored,
+    parse,
     shown_warnings,
 )
 from ..admission.routes import WEBHOOKS, Webhook
@@ -151,7 +152,7 @@ class AdmissionEndpoint:
             return err.status
         review: Review | None = None
         try:
-            review = self.webhook.parse(body)
+            review = parse(body)
             decision = self.webhook.judge(review) or self.webhook.handler(review, self.cache)
             uid = review.uid
         except BadReview as err:
