@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import socket
 import ssl
 import subprocess
@@ -67,11 +68,39 @@ def fixture_cache() -> Cache:
     return cache
 
 
+_HANDED_OUT: set[int] = set()
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
+    """A port nothing listens on, for a server a test starts, never the same twice in a run.
+    Taken below the kernel's ephemeral range: a port found free in that range can be taken by
+    an outgoing connection (a client's, Prometheus's) before the server binds it (a CI run lost
+    a test to "Address already in use" so)."""
+    low = _ephemeral_low()
+    for _ in range(200):
+        if low <= 10_001:
+            break
+        port = random.randint(10_000, low - 1)
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
         return port
+    with socket.socket() as sock:  # a custom range leaves no room below it
+        sock.bind(("127.0.0.1", 0))
+        found: int = sock.getsockname()[1]
+        return found
 
 
 def make_certs(directory: Path, **spec: Any) -> Path:
