@@ -20,8 +20,8 @@ from ..core.layout import is_multi_level
 from ..core.lifecycle import gang_exists
 from ..core.ownership import controller_uid, controlling_trainjob
 from ..core.plan import JOBSET_NAME, PlanningError, build_plan, group_for_labels
-from ..core.trainer import DEFAULT_SCHEDULER, Runtime, TrainJob
-from ..core.validation import CheckedRuntime, Verdict, check_trainjob, runtime_layout
+from ..core.trainer import DEFAULT_SCHEDULER, TrainJob
+from ..core.validation import CheckedRuntime, Verdict, check_trainjob, judge_runtime
 from ..kube.cache import Cache
 from .feasibility import feasibility_verdict
 from .review import Decision, Review
@@ -125,13 +125,14 @@ def _judge_runtime(
     new: Mapping[str, Any], old: Mapping[str, Any] | None
 ) -> tuple[Verdict, str | None]:
     """The runtime's verdict, and when its levels combine into a tree, its pods' scheduler."""
-    runtime, errs = parse(Runtime, new)
-    if runtime is None:
-        return Verdict(tuple(errs)), None
-    old_runtime = parse(Runtime, old)[0] if old is not None else None
-    verdict = runtime_layout(runtime, old_runtime)[1]
-    scheduling = runtime.spec.scheduling
-    if not verdict.allowed or scheduling is None or not is_multi_level(scheduling):
+    runtime, verdict = judge_runtime(new, old)
+    scheduling = runtime.spec.scheduling if runtime is not None else None
+    if (
+        runtime is None
+        or not verdict.allowed
+        or scheduling is None
+        or not is_multi_level(scheduling)
+    ):
         return verdict, None
     return verdict, next((rj.scheduler for rj in runtime.replicated_jobs), DEFAULT_SCHEDULER)
 

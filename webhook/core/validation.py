@@ -183,11 +183,18 @@ def int32_errors(path: Path, value: int) -> list[FieldError]:
 
 
 def validate_runtime(raw: Mapping[str, Any], old_raw: Mapping[str, Any] | None = None) -> Verdict:
+    return judge_runtime(raw, old_raw)[1]
+
+
+def judge_runtime(
+    raw: Mapping[str, Any], old_raw: Mapping[str, Any] | None = None
+) -> tuple[Runtime | None, Verdict]:
+    """The runtime as parsed (None when it does not parse) and its verdict."""
     runtime, errs = parse(Runtime, raw)
     if runtime is None:
-        return Verdict(tuple(errs))
+        return None, Verdict(tuple(errs))
     old = parse(Runtime, old_raw)[0] if old_raw is not None else None
-    return runtime_layout(runtime, old)[1]
+    return runtime, runtime_layout(runtime, old)[1]
 
 
 # --- TrainJobs ---------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from typing import Any, Literal
 from kubernetes.aio.client import ApiClient, EventsV1Api
 
 from .microtime import MicroTime
-from .writer import unread
+from .rest import body_of
 
 log = logging.getLogger("webhook.events")
 
@@ -106,11 +106,10 @@ class EventRecorder:
                 # cancellation that stops this loop).
                 # The created Event comes back; decoding it into the client's models would
                 # cost more than posting it, and nothing reads it.
-                await unread(
-                    self.events.create_namespaced_event_without_preload_content(
-                        event["metadata"]["namespace"], body, _request_timeout=self.timeout
-                    )
+                response = await self.events.create_namespaced_event_without_preload_content(
+                    event["metadata"]["namespace"], body, _request_timeout=self.timeout
                 )
+                await body_of(response)
             except asyncio.CancelledError:
                 raise
             except Exception as err:

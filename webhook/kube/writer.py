@@ -56,13 +56,6 @@ class WriterSettings:
     timeout: float = 10.0
 
 
-async def unread(response: Awaitable[Any]) -> None:
-    """Awaits a `*_without_preload_content` call whose answer nothing reads (a patch of an
-    annotation, an Event): the body is read off the connection but not decoded into objects,
-    and an error status raises `ApiException` as the decoding calls do."""
-    await body_of(await response)
-
-
 class ApiWriter:
     def __init__(
         self,
@@ -108,12 +101,14 @@ class ApiWriter:
         name: the API server refuses to change a uid (422 Invalid; 404 if the name is gone)."""
         r = TRAINJOBS
         body = {"metadata": {"uid": uid, "annotations": {SNAPSHOT_ANNOTATION: value}}}
-        # The answer (the whole TrainJob, snapshot and all) is not decoded: nothing reads it.
-        await unread(self._call(
+        # The answer (the whole TrainJob, snapshot and all) is read but not decoded: nothing
+        # reads it; an error status still raises ApiException.
+        response = await self._call(
             self.objects.patch_namespaced_custom_object_without_preload_content,
             r.group, r.version, namespace, r.plural, name, body,
             _content_type="application/merge-patch+json",
-        ))  # fmt: skip
+        )  # fmt: skip
+        await body_of(response)
 
     async def _call(self, method: Callable[..., Awaitable[Any]], *args: Any, **kw: Any) -> Any:
         await self.bucket.acquire()
