@@ -16,10 +16,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
@@ -66,6 +66,27 @@ def fixture_cache() -> Cache:
     for kind, store in stores.items():
         store.replace(items[kind])
     return cache
+
+
+T = TypeVar("T")
+
+
+class OnLoop:
+    """Calls into an emulator whose event loop runs in a thread of its own (`self.loop`)."""
+
+    loop: asyncio.AbstractEventLoop
+
+    def run(self, coroutine: Coroutine[Any, Any, T], timeout: float = 10.0) -> T:
+        """Runs `coroutine` on the emulator's loop (e.g. a `create`) and returns its result."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
+
+    def call(self, fn: Callable[[], T]) -> T:
+        """`fn()` on the emulator's loop: reads of kmock's request log are safe there."""
+
+        async def call() -> T:
+            return fn()
+
+        return self.run(call())
 
 
 _HANDED_OUT: set[int] = set()

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -33,7 +33,7 @@ import yaml
 from cryptography import x509
 
 from tests.chart import BASE, NAMESPACE, Json, Rendered, render
-from tests.harness import ServerProcess, server_process
+from tests.harness import OnLoop, ServerProcess, server_process
 from tests.kube_emulator import (
     CLUSTER_RUNTIMES,
     COMPOSITE_POD_GROUPS,
@@ -90,19 +90,10 @@ RESOLVE_SVC = (
 
 
 @dataclass
-class Cluster:
+class Cluster(OnLoop):
     k: RbacEmulator
     url: str
     loop: asyncio.AbstractEventLoop
-
-    def run(self, coroutine: Coroutine[Any, Any, T], timeout: float = 10.0) -> T:
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
-
-    def call(self, fn: Callable[[], T]) -> T:
-        async def call() -> T:
-            return fn()
-
-        return self.run(call())
 
     def get(self, resource: Any, namespace: str | None, name: str) -> Json | None:
         return self.run(get(self.k, resource, namespace, name))

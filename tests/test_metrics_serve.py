@@ -16,7 +16,7 @@ import copy
 import ssl
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.harness import ServerProcess, fixture, make_certs, server_process, webhook_path
+from tests.harness import OnLoop, ServerProcess, fixture, make_certs, server_process, webhook_path
 from tests.kube_emulator import (
     CLUSTER_RUNTIMES,
     TRAINJOBS,
@@ -66,7 +66,7 @@ POD_REVIEW = "pod-create-by-job-controller.mutate.json"
 
 
 @dataclass
-class Cluster:
+class Cluster(OnLoop):
     """The emulator running on `loop` in its own thread; `kubeconfig` points at it."""
 
     k: VersionedEmulator
@@ -74,18 +74,6 @@ class Cluster:
     kubeconfig: Path
     reviews: FakeReviews
     loop: asyncio.AbstractEventLoop
-
-    def run(self, coroutine: Coroutine[Any, Any, T], timeout: float = 10.0) -> T:
-        """Runs `coroutine` on the emulator's loop (e.g. a `create`) and returns its result."""
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
-
-    def call(self, fn: Callable[[], T]) -> T:
-        """`fn()` on the emulator's loop: reads of kmock's request log are safe there."""
-
-        async def call() -> T:
-            return fn()
-
-        return self.run(call())
 
     def requests(self, selector: str) -> int:
         """How many requests the emulator has seen matching a kmock selector string."""

@@ -11,7 +11,7 @@ from typing import Any
 
 import jsonpatch
 
-from ..backends.base import Context, Defaulting, GangBackend, Kind, expresses
+from ..backends.base import Context, Defaulting, GangBackend, Kind, composite_kind, expresses
 from ..core import defaults, kueue
 from ..core import errors as fe
 from ..core.errors import FieldError, Path
@@ -142,7 +142,7 @@ def tree_errors(backend: GangBackend | None, cache: Cache) -> list[FieldError]:
     and a cluster that serves them (checked once discovery has said so)."""
     if backend is None:
         return []
-    kind = next((k for k in backend.kinds if k.kind == "CompositePodGroup"), None)
+    kind = composite_kind(backend)
     where = Path("spec", "scheduling")
     if kind is None:
         return [

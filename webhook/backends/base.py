@@ -190,10 +190,15 @@ class Defaulting(Protocol):
 # --- what backends share ---------------------------------------------------------------------
 
 
+def composite_kind(backend: GangBackend) -> Kind | None:
+    """The backend's kind for groups of groups (CompositePodGroup), if it has one."""
+    return next((k for k in backend.kinds if k.kind == "CompositePodGroup"), None)
+
+
 def expresses(backend: GangBackend, plan: Plan) -> bool:
     """Whether the backend can make what the plan needs: a tree (levels combined) needs
     CompositePodGroups, which only some backends have."""
-    return not plan.composites or any(k.kind == "CompositePodGroup" for k in backend.kinds)
+    return not plan.composites or composite_kind(backend) is not None
 
 
 POLICY_ANNOTATION = "trainjob-scheduling.dev/policy"

@@ -65,7 +65,6 @@ TASK_SPEC_ANNOTATION = "volcano.sh/task-spec"
 QUEUE_KEY = "scheduling.volcano.sh/queue-name"
 DEFAULT_QUEUE = "default"
 # The plan's policy, which a PodGroup of one pod cannot tell apart (for the gang metrics).
-ANNOTATIONS = ("metadata", "annotations")
 
 
 IN_PLACE = ("minMember", "minTaskMember", "minResources", "priorityClassName")

@@ -30,12 +30,12 @@ from ..core.plan import JOBSET_NAME, Plan, PlanningError, build_plan
 from ..core.snapshot import from_text, snapshot_of
 from ..core.trainer import (
     NAMESPACED_RUNTIME_KIND,
-    TRAINER_GROUP,
     Runtime,
     TrainJob,
 )
 from ..core.validation import check_stored_runtime
 from ..kube import rest
+from ..kube.client import CLUSTER_RUNTIMES, TRAINING_RUNTIMES, TRAINJOBS
 
 Json = dict[str, Any]
 PAGE = 500
@@ -116,21 +116,8 @@ async def connect(
 def _why(err: Exception) -> str:
     """An API error as the one sentence its Status carries (or the transport's error)."""
     if isinstance(err, ApiException):
-        message = ""
-        body = err.body if isinstance(err.body, str | bytes) else ""
-        try:
-            import orjson
-
-            status = orjson.loads(body) if body else {}
-            message = status.get("message", "") if isinstance(status, dict) else ""
-        except ValueError:
-            message = ""
-        return f"HTTP {err.status}: {message or err.reason}"
+        return f"HTTP {err.status}: {rest.status_message(err) or err.reason}"
     return f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
-
-
-async def _get(api: ApiClient, path: str) -> Json:
-    return await rest.get_json(api, path)
 
 
 async def _list(
@@ -159,14 +146,12 @@ async def _list(
 
 
 async def gather(api: ApiClient, namespace: str, name: str) -> Findings:
-    path = rest.collection(TRAINER_GROUP, "v1alpha1", "trainjobs", namespace)
+    path = rest.collection(TRAINJOBS.group, TRAINJOBS.version, TRAINJOBS.plural, namespace)
     try:
-        raw = await _get(api, f"{path}/{quote(name, safe='')}")
+        raw = await rest.get_json(api, f"{path}/{quote(name, safe='')}")
     except ApiException as err:
         if err.status == 404:
             raise ExplainError(f'TrainJob "{name}" not found in namespace "{namespace}"') from None
-        if err.status in (401, 403):
-            raise ExplainError(f'cannot read TrainJob "{namespace}/{name}": {_why(err)}') from None
         raise ExplainError(f'cannot read TrainJob "{namespace}/{name}": {_why(err)}') from None
     except Exception as err:  # connection refused, DNS, TLS, timeouts
         host = api.configuration.host
@@ -201,12 +186,10 @@ async def _runtime(api: ApiClient, found: Findings) -> None:
         return
     kind, ref = tj.runtime_kind, tj.spec.runtime_ref.name or ""
     namespaced = kind == NAMESPACED_RUNTIME_KIND
-    plural = "trainingruntimes" if namespaced else "clustertrainingruntimes"
-    path = rest.collection(
-        TRAINER_GROUP, "v1alpha1", plural, found.namespace if namespaced else None
-    )
+    r = TRAINING_RUNTIMES if namespaced else CLUSTER_RUNTIMES
+    path = rest.collection(r.group, r.version, r.plural, found.namespace if namespaced else None)
     try:
-        found.runtime = parse(Runtime, await _get(api, f"{path}/{quote(ref, safe='')}"))[0]
+        found.runtime = parse(Runtime, await rest.get_json(api, f"{path}/{quote(ref, safe='')}"))[0]
     except ApiException as err:
         why = "does not exist" if err.status == 404 else f"cannot be read ({_why(err)})"
         found.runtime_note = f'its {kind} "{ref}" {why}'

@@ -22,6 +22,7 @@ from ..core.feasibility import Nodes as NodeView
 from ..core.kueue import QUEUE_LABEL
 from ..core.lifecycle import MULTIKUEUE, is_finished
 from ..core.plan import group_for_labels
+from ..core.trainer import CLUSTER_RUNTIME_KIND
 from ..kube.feasibility import domains_by_node_labels
 from .gather import Findings
 
@@ -42,7 +43,7 @@ def build(found: Findings) -> Json:
             "name": found.name,
             "uid": meta.get("uid"),
             "runtime": {
-                "kind": ref.get("kind") or "ClusterTrainingRuntime",
+                "kind": ref.get("kind") or CLUSTER_RUNTIME_KIND,
                 "name": ref.get("name"),
             },
             "suspended": spec.get("suspend") is True,

@@ -43,6 +43,16 @@ async def request(
     return response.response
 
 
+def status_message(err: ApiException) -> str:
+    """The `message` of the Status an API error carries ("" when it carries none)."""
+    try:
+        status = orjson.loads(err.body) if isinstance(err.body, str | bytes) and err.body else {}
+    except orjson.JSONDecodeError:
+        return ""
+    message = status.get("message") if isinstance(status, dict) else None
+    return message if isinstance(message, str) else ""
+
+
 async def body_of(response: Any) -> bytes:
     """The body of a raw (aiohttp) response, read and the connection released; an ApiException
     (the status, and the start of the body) unless it is a 2xx."""

@@ -21,7 +21,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import orjson
 from kubernetes.aio.client.exceptions import ApiException
 
 from ..backends.base import Context, Drift, GangBackend, Kind, expresses, is_managed
@@ -34,6 +33,7 @@ from ..core.trainer import TrainJob
 from ..core.validation import CheckedRuntime
 from ..kube.cache import Cache, EventType, Key, key_of
 from ..kube.events import EventRecorder
+from ..kube.rest import status_message
 from ..kube.writer import ApiWriter
 from .changes import Changes
 from .queue import QueueMetrics, ShutDown, WorkQueue
@@ -634,10 +634,4 @@ def _describe(err: BaseException) -> str:
 
 def _reason(err: ApiException) -> str:
     """The message of the Status an API error carries, else its HTTP reason (cut short)."""
-    message = ""
-    try:
-        body = orjson.loads(err.body) if err.body else {}
-        message = body.get("message", "") if isinstance(body, dict) else ""
-    except orjson.JSONDecodeError:
-        pass
-    return (str(message) or f"HTTP {err.status} {err.reason}")[:300]
+    return (status_message(err) or f"HTTP {err.status} {err.reason}")[:300]
