@@ -569,6 +569,50 @@ def test_a_head_request_is_answered_and_keeps_pipelined_answers_in_order(target:
     sock.close()
 
 
+def test_pipelined_reviews_are_answered_in_order_each_in_full(target: Target) -> None:
+    """Reviews answered in one write each (the endpoint's path past ASGI's messages): several
+    sent at once on one connection come back in order, each with the head uvicorn would write
+    (date, server, content-type, a content-length that is the body's) and no close."""
+    sock = tls_connect(target.served)
+    reviews = []
+    for n in range(3):
+        doc = fixture(POD_REVIEW)
+        doc["request"]["uid"] = f"pipelined-{n}"
+        reviews.append(orjson.dumps(doc))
+    sock.sendall(
+        b"".join(
+            b"POST /mutate--v1-pod HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json"
+            b"\r\ncontent-length: %d\r\n\r\n%b" % (len(body), body)
+            for body in reviews
+        )
+    )
+    data = b""
+    answers: list[Json] = []
+    sock.settimeout(5)
+    while len(answers) < 3:
+        while b"\r\n\r\n" not in data:
+            chunk = sock.recv(65536)
+            assert chunk, (answers, data[:300])
+            data += chunk
+        head, _, data = data.partition(b"\r\n\r\n")
+        lines = head.split(b"\r\n")
+        headers = dict(line.split(b": ", 1) for line in lines[1:])
+        length = int(headers[b"content-length"])
+        while len(data) < length:
+            chunk = sock.recv(65536)
+            assert chunk, (answers, head)
+            data += chunk
+        body, data = data[:length], data[length:]
+        assert lines[0] == b"HTTP/1.1 200 OK", head
+        assert sorted(headers) == [b"content-length", b"content-type", b"date", b"server"], head
+        assert headers[b"content-type"] == b"application/json"
+        answers.append(orjson.loads(body)["response"])
+    assert [a["uid"] for a in answers] == ["pipelined-0", "pipelined-1", "pipelined-2"]
+    assert all(a["allowed"] is True for a in answers)
+    assert not data
+    sock.close()
+
+
 def test_slow_clients_lose_their_connections(tmp_path: Path) -> None:
     """A TCP connection that never starts TLS is closed by the header deadline (not asyncio's
     60 s); a body that keeps trickling in after its 408 loses its connection, and the server

@@ -107,21 +107,25 @@ def parse(body: bytes) -> Review:
     if operation == "UPDATE" and old is None:
         raise BadReview("request.oldObject is missing on UPDATE", uid)
     user = req.get("userInfo")
-    dry_run = req.get("dryRun", False)
+    name, namespace, sub_resource = req.get("name"), req.get("namespace"), req.get("subResource")
+    group, version, kind_name = kind.get("group"), kind.get("version"), kind.get("kind")
+    plural = resource.get("resource")
+    username = user.get("username") if isinstance(user, dict) else None
+    # Every review of every pod comes through here: the strings are checked inline.
     return Review(
         uid=uid,
-        group=_str(kind, "group"),
-        version=_str(kind, "version"),
-        kind=_str(kind, "kind"),
-        resource=_str(resource, "resource"),
-        sub_resource=_str(req, "subResource"),
-        name=_str(req, "name"),
-        namespace=_str(req, "namespace"),
+        group=group if type(group) is str else "",
+        version=version if type(version) is str else "",
+        kind=kind_name if type(kind_name) is str else "",
+        resource=plural if type(plural) is str else "",
+        sub_resource=sub_resource if type(sub_resource) is str else "",
+        name=name if type(name) is str else "",
+        namespace=namespace if type(namespace) is str else "",
         operation=operation,
-        username=_str(user, "username") if isinstance(user, dict) else "",
+        username=username if type(username) is str else "",
         object=obj,
         old_object=old,
-        dry_run=dry_run is True,
+        dry_run=req.get("dryRun", False) is True,
     )
 
 
@@ -145,11 +149,6 @@ def _object(req: dict[str, Any], key: str, uid: str) -> dict[str, Any] | None:
     if value is not None and not isinstance(value, dict):
         raise BadReview(f"request.{key} is not an object", uid)
     return value
-
-
-def _str(doc: dict[str, Any], key: str) -> str:
-    value = doc.get(key)
-    return value if isinstance(value, str) else ""
 
 
 # --- responses ---------------------------------------------------------------------------------

@@ -37,7 +37,7 @@ from ..kube.cache import Cache
 from ..metrics.registry import Metrics
 from ..metrics.webhooks import WebhookMeter
 from .logs import FIELDS
-from .protocol import BODY_RECEIVED
+from .protocol import BODY_RECEIVED, Cycle, own_cycle
 from .reviewlog import ReviewLog
 
 log = logging.getLogger("webhook.admission")
@@ -65,7 +65,7 @@ class _BodyError(Exception):
         self.status = status
 
 
-async def _read_body(receive: Receive, scope: Scope, limits: Limits) -> bytes:
+async def _read_body(receive: Receive, scope: Scope, limits: Limits, cycle: Cycle | None) -> bytes:
     for name, value in scope.get("headers", ()):
         if name == b"content-length":
             try:
@@ -74,6 +74,11 @@ async def _read_body(receive: Receive, scope: Scope, limits: Limits) -> bytes:
                 raise _BodyError(400, "Content-Length is not a number") from None
             if declared > limits.max_body_bytes:
                 raise _BodyError(413, f"body over {limits.max_body_bytes} bytes")
+    whole = cycle.body_in_full() if cycle is not None else None
+    if whole is not None:  # this server's connection has it all: no receive, no deadline
+        if len(whole) > limits.max_body_bytes:
+            raise _BodyError(413, f"body over {limits.max_body_bytes} bytes")
+        return whole
     chunks: list[bytes] = []
     size = 0
     # A body already in full (the protocol says so) needs no deadline, nor its timer.
@@ -103,7 +108,9 @@ _JSON = (b"content-type", b"application/json")
 _CLOSE = (b"connection", b"close")
 
 
-async def _send(send: Send, status: int, body: bytes) -> None:
+async def _send(send: Send, status: int, body: bytes, cycle: Cycle | None = None) -> None:
+    if cycle is not None and cycle.respond(status, _JSON[1], body, status in _CLOSING):
+        return  # written whole, as the two messages below would write it
     headers = [_JSON, (b"content-length", b"%d" % len(body))]
     if status in _CLOSING:
         headers.append(_CLOSE)
@@ -122,11 +129,13 @@ class AdmissionEndpoint:
     metrics: Metrics | None = None
     meter: WebhookMeter | None = field(init=False, default=None)
     _log_head: bytes = field(init=False, default=b"")
+    _resource: tuple[str, str] = field(init=False, default=("", ""))
 
     def __post_init__(self) -> None:
         if self.metrics is not None:
             self.meter = WebhookMeter(self.metrics, self.webhook.path)
         self._log_head = ReviewLog.head(webhook=self.webhook.name)
+        self._resource = (self.webhook.group, self.webhook.resource)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         meter = self.meter
@@ -144,28 +153,32 @@ class AdmissionEndpoint:
 
     async def _answer(self, scope: Scope, receive: Receive, send: Send, start: float) -> int:
         """Reads, judges and answers one review; returns the HTTP status sent."""
+        cycle = own_cycle(send)
         try:
-            body = await _read_body(receive, scope, self.limits)
+            body = await _read_body(receive, scope, self.limits, cycle)
         except _BodyError as err:
             self._log_rejected(err.status, str(err), start)
-            await _send(send, err.status, orjson.dumps({"error": str(err)}))
+            await _send(send, err.status, orjson.dumps({"error": str(err)}), cycle)
             return err.status
         review: Review | None = None
         try:
             review = parse(body)
-            decision = self.webhook.judge(review) or self.webhook.handler(review, self.cache)
+            if (review.group, review.resource) == self._resource:
+                decision = self.webhook.handler(review, self.cache)
+            else:  # a configuration sending this path another resource's reviews: say so
+                decision = self.webhook.judge(review) or self.webhook.handler(review, self.cache)
             uid = review.uid
         except BadReview as err:
             if err.uid is None:  # nothing to answer a review with: a plain 400
                 self._log_rejected(400, str(err), start)
-                await _send(send, 400, orjson.dumps({"error": str(err)}))
+                await _send(send, 400, orjson.dumps({"error": str(err)}), cycle)
                 return 400
             decision, uid = errored(400, str(err)), err.uid
         except Exception:  # a bug of ours must not become a traceback to the API server
             uid = review.uid if review is not None else ""
             log.exception("handler failed", extra={FIELDS: {"uid": uid}})
             if review is None:
-                await _send(send, 500, orjson.dumps({"error": "internal error"}))
+                await _send(send, 500, orjson.dumps({"error": "internal error"}), cycle)
                 return 500
             decision = errored(500, f"internal error in {self.webhook.path}; see the service log")
         out, patch_bytes = encode(uid, decision)
@@ -173,7 +186,7 @@ class AdmissionEndpoint:
         self._log_review(review, uid, decision, patch_bytes, start)
         if self.meter is not None:
             self.meter.decided(review.operation if review is not None else "", decision)
-        await _send(send, 200, out)
+        await _send(send, 200, out, cycle)
         return 200
 
     def _log_review(

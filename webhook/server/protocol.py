@@ -10,7 +10,10 @@
   `max_header_bytes` gets `431 Request Header Fields Too Large` and the connection is closed.
 * **One write per answer.** uvicorn writes a response's head and its body in two transport
   writes: two TLS records and two sends. Here the head is held and goes out with the body's
-  first bytes (every answer of this service comes in one body message).
+  first bytes (every answer of this service comes in one body message). The webhook endpoints go
+  further (`Cycle.body_in_full`, `Cycle.respond`): a body already in full is taken without the
+  ASGI receive, and a whole answer is written as `send` would write it, without two ASGI
+  messages and the re-check of headers this service wrote itself.
 * **Draining.** When the service shuts down (`Drain.begin`), answers carry `Connection: close`
   so clients move to another replica, and a connection is closed only between requests: one
   idle at that moment is closed after `Drain.idle_grace` seconds without a request, so a request
@@ -24,7 +27,11 @@ import logging
 import weakref
 from typing import TYPE_CHECKING
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+from uvicorn.protocols.http.httptools_impl import (
+    STATUS_LINE,
+    HttpToolsProtocol,
+    RequestResponseCycle,
+)
 
 if TYPE_CHECKING:
     from uvicorn._types import ASGISendEvent
@@ -81,8 +88,55 @@ class _HeadHeld(asyncio.Transport):
         return self.transport.is_closing()
 
 
-class _Cycle(RequestResponseCycle):
+_CLOSE_LINE = b"connection: close\r\n"
+
+
+class Cycle(RequestResponseCycle):
     """uvicorn's request/response cycle, writing each response's head with its body."""
+
+    def body_in_full(self) -> bytes | None:
+        """The request's whole body when it has all arrived and none of it was received yet
+        (what `receive` would return, without its wait); else None."""
+        if self.more_body or self.disconnected or self.response_complete or self.response_started:
+            return None
+        body, self.body = bytes(self.body), bytearray()
+        self.flow.resume_reading()  # as `receive` does: reading may have paused for a big body
+        return body
+
+    def respond(self, status: int, content_type: bytes, body: bytes, close: bool) -> bool:
+        """Writes a whole response in one write, the bytes `send` would write for a start
+        message with content-type, content-length (and, with `close`, `connection: close`)
+        headers and one body message; False (nothing done) when it must go through `send`: a
+        response already begun, a client gone, a paused write buffer, a HEAD request."""
+        if (
+            self.response_started
+            or self.disconnected
+            or self.flow.write_paused
+            or self.scope["method"] == "HEAD"
+        ):
+            return False
+        self.response_started = True
+        self.waiting_for_100_continue = False
+        if close:
+            self.keep_alive = False
+        defaults = b"".join(b"%s: %s\r\n" % (n.lower(), v) for n, v in self.default_headers)
+        self.transport.write(
+            b"%s%scontent-type: %s\r\ncontent-length: %d\r\n%s\r\n%s"
+            % (
+                STATUS_LINE[status],
+                defaults,
+                content_type,
+                len(body),
+                b"" if self.keep_alive else _CLOSE_LINE,
+                body,
+            )
+        )
+        self.response_complete = True
+        self.message_event.set()
+        if not self.keep_alive:
+            self.transport.close()
+        self.on_response()
+        return True
 
     async def send(self, message: ASGISendEvent) -> None:
         if not self.response_started and message["type"] == "http.response.start":
@@ -167,7 +221,7 @@ class HardenedProtocol(HttpToolsProtocol):
         cycle = self.cycle
         if cycle is not None and type(cycle) is RequestResponseCycle:
             # Made just now and not yet run (its task starts on the next loop turn).
-            cycle.__class__ = _Cycle
+            cycle.__class__ = Cycle
         if self._draining and cycle is not None:
             cycle.keep_alive = False  # the answer says Connection: close
 
@@ -266,3 +320,10 @@ def protocol_class(
         "drainer": drain,
     }
     return type("HardenedProtocol", (HardenedProtocol,), attrs)
+
+
+def own_cycle(send: object) -> Cycle | None:
+    """The cycle whose `send` this is when it is this server's (its one-write paths can be
+    used); None for any other send (another server, a wrapping middleware, a test's)."""
+    cycle = getattr(send, "__self__", None)
+    return cycle if isinstance(cycle, Cycle) else None
