@@ -95,10 +95,14 @@ class Cycle(RequestResponseCycle):
     """uvicorn's request/response cycle, writing each response's head with its body."""
 
     def body_in_full(self) -> bytes | None:
-        """The request's whole body when it has all arrived and none of it was received yet
-        (what `receive` would return, without its wait); else None."""
+        """For the first read of a request's body: the whole of it when it has all arrived (what
+        `receive` would return, without its wait); else None (then `receive` reads it)."""
         if self.more_body or self.disconnected or self.response_complete or self.response_started:
             return None
+        if self.waiting_for_100_continue and not self.transport.is_closing():
+            # As `receive` does (a client that sent the body without waiting for it).
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            self.waiting_for_100_continue = False
         body, self.body = bytes(self.body), bytearray()
         self.flow.resume_reading()  # as `receive` does: reading may have paused for a big body
         return body
@@ -107,12 +111,15 @@ class Cycle(RequestResponseCycle):
         """Writes a whole response in one write, the bytes `send` would write for a start
         message with content-type, content-length (and, with `close`, `connection: close`)
         headers and one body message; False (nothing done) when it must go through `send`: a
-        response already begun, a client gone, a paused write buffer, a HEAD request."""
+        response already begun, a client gone, a paused write buffer, a HEAD request, uvicorn's
+        access log on. Headers are not re-checked: the service wrote them, and the default ones
+        are uvicorn's (the date and server; the service configures no others)."""
         if (
             self.response_started
             or self.disconnected
             or self.flow.write_paused
             or self.scope["method"] == "HEAD"
+            or self.access_log  # uvicorn's send writes its access line
         ):
             return False
         self.response_started = True
