@@ -7,10 +7,12 @@ again and expects an empty patch (idempotence).
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import copy
 import io
 import json
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,8 @@ import yaml
 
 from webhook.admission.routes import WEBHOOKS
 from webhook.kube.cache import Cache
-from webhook.server.reviewlog import ReviewLog
+from webhook.server.logs import json_handler
+from webhook.server.reviewlog import FLUSH_AFTER, FLUSH_BYTES, ReviewLog
 
 from .harness import (
     RunningServer,
@@ -292,6 +295,50 @@ def test_one_json_log_line_per_review(tmp_path: Path) -> None:
     assert fields["patch_ops"] == 1
     assert fields["patch_bytes"] == len(base64.b64decode(answer["patch"]))
     assert fields["duration_ms"] > 0
+
+
+class CountedWrites(io.BytesIO):
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+
+    def write(self, data: Any) -> int:
+        self.writes += 1
+        return super().write(data)
+
+
+@pytest.mark.asyncio
+async def test_review_lines_go_out_together_in_time_and_before_other_lines() -> None:
+    """Review lines wait for company (one write for many), but not past FLUSH_AFTER, and any
+    other log line from the event loop is written after the review lines before it."""
+    out = CountedWrites()
+    review_log = ReviewLog(out, enabled=True)
+    head = ReviewLog.head(webhook="mutate--v1-pod")
+    for n in range(3):
+        review_log.write(head, {"uid": f"u{n}"})
+    assert out.writes == 0  # waiting for company
+    await asyncio.sleep(FLUSH_AFTER * 3)
+    assert out.writes == 1
+    assert [json.loads(line)["uid"] for line in out.getvalue().splitlines()] == ["u0", "u1", "u2"]
+
+    logger = logging.getLogger("test.review-order")
+    logger.propagate = False
+    logger.addHandler(json_handler(io.TextIOWrapper(out, write_through=True)))
+    review_log.write(head, {"uid": "u3"})
+    logger.warning("after u3")
+    review_log.write(head, {"uid": "u4"})
+    review_log.flush()  # as the service does when it stops
+    shown = [json.loads(line) for line in out.getvalue().splitlines()[3:]]
+    assert [line.get("uid", line["msg"]) for line in shown] == ["u3", "after u3", "u4"]
+
+    big = CountedWrites()
+    burst = ReviewLog(big, enabled=True)
+    lines = FLUSH_BYTES // 40 + 1  # more than FLUSH_BYTES of lines: written without waiting
+    for n in range(lines):
+        burst.write(head, {"uid": f"b{n}"})
+    assert big.writes >= 1
+    burst.flush()
+    assert len(big.getvalue().splitlines()) == lines
 
 
 def test_trainjob_before_the_runtimes_are_listed_is_denied_as_such(tmp_path: Path) -> None:

@@ -6,11 +6,32 @@ import functools
 import logging
 import sys
 import time
-from typing import Any
+import weakref
+from typing import Any, Protocol, TextIO
 
 import orjson
 
 FIELDS = "fields"  # `logger.info(msg, extra={FIELDS: {...}})` adds these keys to the line
+
+
+class Buffered(Protocol):
+    def flush_before_other_lines(self) -> None: ...
+
+
+# Lines gathered elsewhere (the review log) that must reach the stream before any other line.
+_before: weakref.WeakSet[Buffered] = weakref.WeakSet()
+
+
+def write_before(buffered: Buffered) -> None:
+    """Every log line written through `configure`'s handler first lets `buffered` write."""
+    _before.add(buffered)
+
+
+class _OrderedHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    def emit(self, record: logging.LogRecord) -> None:
+        for buffered in list(_before):
+            buffered.flush_before_other_lines()
+        super().emit(record)
 
 
 @functools.lru_cache(maxsize=4)
@@ -40,10 +61,16 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(line, default=str).decode()
 
 
+def json_handler(stream: TextIO) -> logging.Handler:
+    """A handler writing JSON lines to `stream`, after the lines `write_before` gathers."""
+    handler = _OrderedHandler(stream)
+    handler.setFormatter(JsonFormatter())
+    return handler
+
+
 def configure(level: str = "info") -> None:
     """Route every logger (ours, uvicorn's, the Kubernetes client's) through one JSON handler."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter())
+    handler = json_handler(sys.stderr)
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -133,8 +133,9 @@ class Service:
         self.readiness = Readiness(checks)
         s = settings
         self.drain = Drain()
+        self.review_log = review_log or ReviewLog()
         self.webhooks = _server(
-            admission_app(cache, s.limits, review_log, metrics=self.metrics),
+            admission_app(cache, s.limits, self.review_log, metrics=self.metrics),
             s,
             s.port,
             tls=tls,
@@ -185,6 +186,7 @@ class Service:
             for task in [watcher, *background]:
                 task.cancel()
             await asyncio.gather(watcher, *background, return_exceptions=True)
+            self.review_log.flush()  # the lines of the last reviews, before the last line
             log.info("stopped")
 
     async def _watch_certificate(self) -> None:
