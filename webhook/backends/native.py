@@ -287,25 +287,39 @@ def pod_group_drift(desired: Mapping[str, Any], actual: Mapping[str, Any]) -> Dr
     return _result(actual, ops, list(drift.dropped))
 
 
+def _gated_differs(
+    want: Mapping[str, Any], have: Mapping[str, Any], dropped: list[str]
+) -> str | None:
+    """The first field behind a feature gate that differs; one that `want` sets and the server
+    dropped is added to `dropped` instead (reported, not drift, so nothing loops)."""
+    for key, gate in GATED_FIELDS.items():
+        if key in want and key not in have:
+            dropped.append(f"{key} ({gate})")
+        elif want.get(key) != have.get(key):
+            return key
+    return None
+
+
+def _filled_differs(want: Mapping[str, Any], have: Mapping[str, Any]) -> str | None:
+    """The first field the server fills in that `want` sets and the stored object differs in."""
+    return next((k for k in SERVER_FILLED if k in want and want[k] != have.get(k)), None)
+
+
 def _group_drift(want: Mapping[str, Any], have: Mapping[str, Any], what: str) -> Drift:
     """A PodGroupTemplate against a stored one, or a PodGroup spec against a stored one."""
     if set(want.get("schedulingPolicy") or {}) != set(have.get("schedulingPolicy") or {}):
         return Drift("recreate", reason=f"{what}: the scheduling policy kind differs")
     dropped: list[str] = []
-    for key, gate in GATED_FIELDS.items():
-        if key in want and key not in have:
-            dropped.append(f"{key} ({gate})")
-        elif want.get(key) != have.get(key):
-            return Drift("recreate", reason=f"{what}: {key} differs")
+    if (differs := _gated_differs(want, have, dropped)) is not None:
+        return Drift("recreate", reason=f"{what}: {differs} differs")
     mode = have.get("disruptionMode")
     if "disruptionMode" in want:
         if want["disruptionMode"] != mode:
             return Drift("recreate", reason=f"{what}: disruptionMode differs")
     elif mode not in (None, {"single": {}}):  # the server's default for an unset mode
         return Drift("recreate", reason=f"{what}: disruptionMode differs")
-    for key in SERVER_FILLED:
-        if key in want and want[key] != have.get(key):
-            return Drift("recreate", reason=f"{what}: {key} differs")
+    if (differs := _filled_differs(want, have)) is not None:
+        return Drift("recreate", reason=f"{what}: {differs} differs")
     changed = _min_count(want) != _min_count(have)
     return Drift("patch" if changed else "none", dropped=tuple(dropped))
 
@@ -325,17 +339,13 @@ def _immutable_drift(want: Mapping[str, Any], have: Mapping[str, Any], what: str
     (reported, not drift, so nothing loops) and what it fills in where `want` leaves a field
     unset. Children are matched by name, all the way down."""
     dropped: list[str] = []
-    for key, gate in GATED_FIELDS.items():
-        if key in want and key not in have:
-            dropped.append(f"{key} ({gate})")
-        elif want.get(key) != have.get(key):
-            return Drift("recreate", reason=f"{what}: {key} differs")
+    if (differs := _gated_differs(want, have, dropped)) is not None:
+        return Drift("recreate", reason=f"{what}: {differs} differs")
     mode = have.get("disruptionMode")
     if want.get("disruptionMode", {"single": {}}) != (mode or {"single": {}}):
         return Drift("recreate", reason=f"{what}: disruptionMode differs")
-    for key in SERVER_FILLED:
-        if key in want and want[key] != have.get(key):
-            return Drift("recreate", reason=f"{what}: {key} differs")
+    if (differs := _filled_differs(want, have)) is not None:
+        return Drift("recreate", reason=f"{what}: {differs} differs")
     for key in (set(want) | set(have)) - _KNOWN:
         if want.get(key) != have.get(key):
             return Drift("recreate", reason=f"{what}: {key} differs")
