@@ -179,6 +179,14 @@ def test_a_pod_index_label_that_is_not_an_int32_in_ascii_maps_to_no_group() -> N
     assert pod_group_for_labels(plan, {**labels, JOB_INDEX: "1"}) == plan.groups[0].pod_group_name
     for index in ("\u00b2", "\u0661", "9" * 5000, "-1", ""):  # superscript 2, Arabic-Indic 1
         assert pod_group_for_labels(plan, {**labels, JOB_INDEX: index}) is None
+    # Before the API server validates a pod, a label's value may be any JSON value.
+    odd: list[Any] = [None, 1, [], {}]
+    for value in odd:
+        assert pod_group_for_labels(plan, {**labels, JOB_INDEX: value}) is None
+        assert (
+            pod_group_for_labels(plan, {**labels, REPLICATED_JOB_NAME: value, JOB_INDEX: "1"})
+            is None
+        )
 
 
 # --- errors and values in messages are bounded ------------------------------------------------

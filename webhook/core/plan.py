@@ -136,8 +136,10 @@ def group_for_labels(plan: Plan, labels: Mapping[str, str]) -> GroupPlan | None:
     rj = labels.get(REPLICATED_JOB_NAME)
     index = labels.get(JOB_INDEX, "")
     # An int32 index in ASCII digits (isdigit alone admits "²", which int() refuses); webhooks
-    # see labels before the API server validates them.
-    if rj is None or not (index.isascii() and index.isdigit() and len(index) <= 10):
+    # see labels before the API server validates them, so either may be any JSON value.
+    if not (isinstance(rj, str) and isinstance(index, str)):
+        return None
+    if not (index.isascii() and index.isdigit() and len(index) <= 10):
         return None
     return plan.group_for(rj, int(index))
 
