@@ -1,7 +1,7 @@
 """Reconciler benchmark: N TrainJobs through the reconciler against the API emulator.
 
 Run with `make bench` or `python -m tests.bench.reconcile_bench [--sizes 100,1000,10000]
-[--workers 8] [--limited-size 100] [--log-level info] [--profile]`. Numbers,
+[--workers 8] [--limited-size 100] [--log-level info] [--profile] [--snapshotted]`. Numbers,
 not pass/fail: the exit status is 0 unless a run broke or a converged pass wrote something. The
 default sizes take about 3.5 minutes on 2 cores (10,000 TrainJobs: about 2.5 of them).
 
@@ -9,7 +9,9 @@ Every size runs in two fresh processes, so that no peak carries over from one si
 
 - the API emulator (`tests/kube_emulator.py`'s `VersionedEmulator`, with the fast path below),
   preloaded over HTTP with one ClusterTrainingRuntime (level 1: one gang of every pod) and N
-  TrainJobs (numNodes 100, over `--namespaces` namespaces, none snapshotted yet);
+  TrainJobs (numNodes 100, over `--namespaces` namespaces, none snapshotted yet; with
+  `--snapshotted` each carries the runtime snapshot already, as if it had been taken when the
+  TrainJob was created, which shows what the reconciler makes without its snapshot patch);
 - the reconciler process as `serve` builds it: cache, informers (TrainJobs, runtimes, Workloads,
   PodGroups), `cache.gang_api = "served"`, metrics with the gang tracker, `EventRecorder`,
   `ApiWriter` and `Reconciler` (`--workers`), under uvloop, logging JSON at INFO (production's
@@ -34,7 +36,8 @@ process's CPU time and memory are its own. Measured in the reconciler process:
 - ceiling: once all that is measured, N Workload + PodGroup pairs like the reconciler's created
   straight through the same writer and client, `--workers` at a time, the informers watching,
   until the stores hold them; the reconciler's TrainJobs/s against these pairs/s is the ratio
-  (goal 0.8x);
+  (goal 0.8x); the emulator's CPU per write in the first pass and in the ceiling says how far
+  the writes per TrainJob alone let that ratio go (its "cap");
 - CPU: each process's CPU seconds over the first pass, as a share of the wall time (100% is one
   core) and per TrainJob; "noise" is the CPU other processes took on the two cores meanwhile (a
   shared machine: then the wall times are long, and the CPU per TrainJob is the steadier figure);
@@ -96,6 +99,7 @@ from tests.kube_emulator import (
     declare_service_resources,
     declare_trainer_resources,
 )
+from webhook.core.snapshot import SNAPSHOT_ANNOTATION
 
 Json = dict[str, Any]
 Conn = multiprocessing.connection.Connection
@@ -154,29 +158,46 @@ def cluster_runtime() -> Json:
     return obj
 
 
-def trainjobs(n: int, namespaces: int) -> Iterator[Json]:
-    """N TrainJobs on the runtime, numNodes 100, round-robin over `namespaces` namespaces."""
+def trainjobs(n: int, namespaces: int, snapshotted: bool = False) -> Iterator[Json]:
+    """N TrainJobs on the runtime, numNodes 100, round-robin over `namespaces` namespaces;
+    `snapshotted`: each already carries the runtime snapshot, as if taken when it was created."""
     template: Json = fixture("trainjob-create.validate.json")["request"]["object"]
     template.pop("status", None)
+    annotations = {SNAPSHOT_ANNOTATION: snapshot_text()} if snapshotted else None
     for i in range(n):
         obj = copy.deepcopy(template)
         obj["metadata"] = {"name": f"job-{i:05d}", "namespace": f"team-{i % namespaces}"}
+        if annotations:
+            obj["metadata"]["annotations"] = dict(annotations)
         yield obj
+
+
+def snapshot_text() -> str:
+    """The snapshot annotation's value the reconciler writes for `cluster_runtime()`."""
+    from webhook.core.fields import parse
+    from webhook.core.snapshot import snapshot
+    from webhook.core.trainer import Runtime
+
+    runtime, _ = parse(Runtime, cluster_runtime())
+    assert runtime is not None
+    return snapshot(runtime)
 
 
 def _child_setup(log_file: Path, cpu: int | None) -> None:
     child_setup(log_file, cpu)
 
 
-def serve_emulator(n: int, namespaces: int, cpu: int | None, conn: Conn, log_file: Path) -> None:
+def serve_emulator(
+    n: int, namespaces: int, snapshotted: bool, cpu: int | None, conn: Conn, log_file: Path
+) -> None:
     """The emulator, preloaded, until told to stop; answers "stats" on `conn` (child)."""
     _child_setup(log_file, cpu)
     import uvloop
 
-    uvloop.run(_emulate(n, namespaces, conn))
+    uvloop.run(_emulate(n, namespaces, snapshotted, conn))
 
 
-async def _emulate(n: int, namespaces: int, conn: Conn) -> None:
+async def _emulate(n: int, namespaces: int, snapshotted: bool, conn: Conn) -> None:
     loop = asyncio.get_running_loop()
     async with FastEmulator() as k, Server(k) as server:
         declare_trainer_resources(k)
@@ -185,7 +206,7 @@ async def _emulate(n: int, namespaces: int, conn: Conn) -> None:
         started = time.perf_counter()
         await create(k, CLUSTER_RUNTIMES, cluster_runtime())
         pending: set[asyncio.Task[Json]] = set()
-        for obj in trainjobs(n, namespaces):  # as clients would, 32 at a time
+        for obj in trainjobs(n, namespaces, snapshotted):  # as clients would, 32 at a time
             pending.add(asyncio.create_task(create(k, TRAINJOBS, obj)))
             if len(pending) >= 32:
                 _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
@@ -646,7 +667,9 @@ async def _reconcile(cfg: Json) -> Json:
         heap = {name: deep_size(held, seen) for name, held in structures.items()}
         expected = len(reconciler._created)
         resync_writes = sum(writer.counts.values()) - writes_before  # before the ceiling's
+        cpu4, emu4 = own_cpu(), cpu_seconds(emulator_pid)
         ceiling = await create_directly(writer, workloads, pod_groups, n, cfg["workers"], timeout)
+        cpu5, emu5 = own_cpu(), cpu_seconds(emulator_pid)
     finally:
         if stalls.task is not None:
             tasks.append(stalls.task)
@@ -663,6 +686,7 @@ async def _reconcile(cfg: Json) -> Json:
     wall = done - start
     return {
         "n": n,
+        "snapshotted": cfg["snapshotted"],
         "qps": cfg["qps"],
         "seconds": wall,
         "synced": synced - start,
@@ -699,6 +723,8 @@ async def _reconcile(cfg: Json) -> Json:
         "resync_gc": gc_resync,
         "profiles": profiling.reports,
         "ceiling_seconds": ceiling,
+        "ceiling_cpu": cpu5 - cpu4,
+        "ceiling_emulator_cpu": emu5 - emu4,
         "heap": heap,
         "expectations_left": expected,
         "json_bytes": {
@@ -746,8 +772,8 @@ def run_size(args: argparse.Namespace, n: int, qps: float, burst: int, work: Pat
     emu_conn, emu_child = ctx.Pipe()
     emulator = ctx.Process(
         target=serve_emulator,
-        args=(n, args.namespaces, EMULATOR_CPU if pinned else None, emu_child,
-              work / f"emulator-{tag}.log"),
+        args=(n, args.namespaces, args.snapshotted, EMULATOR_CPU if pinned else None,
+              emu_child, work / f"emulator-{tag}.log"),
         name=f"emulator (N={n})",
         daemon=True,
     )  # fmt: skip
@@ -765,6 +791,7 @@ def run_size(args: argparse.Namespace, n: int, qps: float, burst: int, work: Pat
             "timeout": args.timeout,
             "log_level": args.log_level,
             "profile": args.profile,
+            "snapshotted": args.snapshotted,
             "cores": sorted({RECONCILER_CPU, EMULATOR_CPU}) if pinned else [],
         }
         rec_conn, rec_child = ctx.Pipe()
@@ -919,6 +946,32 @@ def print_ceiling(results: list[Json]) -> None:
         "straight through the same writer and client, as many at once as the workers, the "
         "informers watching, until the stores hold them; writes/TJ: objects, patches and Events"
     )
+    print()
+    print(
+        f"{'N':>14} {'emu ms/write':>12} {'ceiling':>8} {'rec ms/TJ':>9} {'ceiling ms/pair':>15}"
+        f" {'cap: emulator':>13} {'reconciler':>10}"
+    )
+    for r in results:
+        if r["qps"] < UNLIMITED_QPS:
+            continue
+        n = r["n"]
+        writes = sum(v for k, v in r["writes"].items() if not k.startswith("failed"))
+        per_tj = writes / n + r["events_recorded"] / n
+        emu_write = r["emulator_cpu"] / (per_tj * n)
+        ceiling_write = r["ceiling_emulator_cpu"] / (2 * n)
+        emu_cap = (2 * ceiling_write) / (per_tj * emu_write)
+        rec_cap = r["ceiling_cpu"] / r["cpu"]
+        print(
+            f"{row_label(r):>14} {emu_write * 1e3:>12.2f} {ceiling_write * 1e3:>8.2f} "
+            f"{r['cpu'] / n * 1e3:>9.2f} {r['ceiling_cpu'] / n * 1e3:>15.2f} {emu_cap:>12.2f}x "
+            f"{rec_cap:>9.2f}x"
+        )
+    print(
+        "emu ms/write: the emulator's CPU per write (objects, patches and Events alike) in the "
+        "first pass, and in the ceiling; rec ms/TJ, ceiling ms/pair: the reconciler process's "
+        "CPU; cap: the ceiling's CPU per pair over the first pass's per TrainJob, in each "
+        "process: the ratio that process allows once it is the busy one (the lower cap binds)"
+    )
 
 
 def print_growth(results: list[Json]) -> None:
@@ -958,7 +1011,8 @@ def notes(results: list[Json]) -> list[str]:
     for r in results:
         label = row_label(r)
         w = r["writes"]
-        odd = {what: w.get(what, 0) for what in WRITES if w.get(what, 0) != r["n"]}
+        expected = WRITES[:2] if r["snapshotted"] else WRITES
+        odd = {what: w.get(what, 0) for what in expected if w.get(what, 0) != r["n"]}
         failed = {what: count for what, count in w.items() if what.startswith("failed")}
         if odd or failed or r["settle_writes"] or r["errors"]:
             said.append(
@@ -1040,6 +1094,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="cProfile the reconciler process over the first pass and the resync pass",
     )
+    parser.add_argument(
+        "--snapshotted",
+        action="store_true",
+        help="preload TrainJobs that already carry the runtime snapshot (as if it were taken "
+        "when each was created): what the reconciler would make without its snapshot patch",
+    )
     args = parser.parse_args(argv)
     try:
         args.sizes = [int(s.replace("_", "")) for s in args.sizes.split(",") if s.strip()]
@@ -1065,6 +1125,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{RUNTIME} (level 1: one Workload + one PodGroup each) over {args.namespaces} "
         f"namespaces; writer qps {UNLIMITED_QPS:g} (out of the way) unless shown; reconciler "
         f"logging at {args.log_level}"
+        + ("; TrainJobs preloaded with their runtime snapshot" if args.snapshotted else "")
     )
     runs = [(n, UNLIMITED_QPS, 1_000_000) for n in args.sizes]
     if args.limited_size:
