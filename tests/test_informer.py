@@ -423,6 +423,40 @@ async def readyz(client: httpx.AsyncClient, proc: ServerProcess) -> httpx.Respon
 
 
 @pytest.mark.asyncio
+def test_owner_index_tells_which_of_a_trainjobs_objects_another_controller_made() -> None:
+    """The pod webhook asks this for every pod: the answer follows the store's changes (a label
+    taken off or put back, a delete) without scanning what the TrainJob owns."""
+    from webhook.backends.base import MANAGED_BY, MANAGED_BY_LABEL
+    from webhook.kube.index import OwnerIndex
+
+    def gang(name: str, managed: bool, uid: str = "tj-uid") -> dict[str, Any]:
+        labels = {MANAGED_BY_LABEL: MANAGED_BY} if managed else {"team": "a"}
+        owner = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+                 "name": "tj", "uid": uid, "controller": True}  # fmt: skip
+        return {"metadata": {"name": name, "namespace": "ns", "labels": labels,
+                             "ownerReferences": [owner]}}  # fmt: skip
+
+    store = Store("podgroups")
+    store.apply("ADDED", gang("ours", managed=True))
+    index = OwnerIndex(store)  # built from what the store holds, then kept current
+    assert index.foreign_of("tj-uid") is None and index.foreign_of(None) is None
+    assert [o["metadata"]["name"] for o in index.owned_by("tj-uid")] == ["ours"]
+
+    store.apply("ADDED", gang("theirs", managed=False))
+    assert (index.foreign_of("tj-uid") or {})["metadata"]["name"] == "theirs"
+    assert index.foreign_of("another-uid") is None
+    store.apply("MODIFIED", gang("theirs", managed=True))  # adopted: our label put on
+    assert index.foreign_of("tj-uid") is None
+    store.apply("MODIFIED", gang("ours", managed=False))  # our label taken off
+    assert (index.foreign_of("tj-uid") or {})["metadata"]["name"] == "ours"
+    store.apply("DELETED", gang("ours", managed=False))
+    assert index.foreign_of("tj-uid") is None
+    assert [o["metadata"]["name"] for o in index.owned_by("tj-uid")] == ["theirs"]
+    store.replace([gang("other", managed=False, uid="uid-2")])  # a relist
+    assert index.foreign_of("tj-uid") is None and index.owned_by("tj-uid") == []
+    assert (index.foreign_of("uid-2") or {})["metadata"]["name"] == "other"
+
+
 async def test_served_pod_reviews_read_the_watched_cache_and_never_the_api(tmp_path: Path) -> None:
     review = fixture("pod-create-by-job-controller.mutate.json")
     path = webhook_path(review, "mutate")

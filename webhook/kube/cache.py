@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ..backends.base import ClusterFacts, GangBackend, Kind, is_managed
+from ..backends.base import ClusterFacts, GangBackend, Kind
 from ..backends.registry import Backends, default_backends
 from ..core.fields import parse
 from ..core.memo import Memo
@@ -103,9 +103,9 @@ class Cache:
         """An object of the backend's kinds that the TrainJob controls but another controller
         made (it lacks this service's label): then this service stands down for the TrainJob."""
         for kind in backend.kinds:
-            for obj in self.owned(kind, uid):
-                if not is_managed(obj):
-                    return kind, obj
+            obj = self.owners[kind].foreign_of(uid)
+            if obj is not None:
+                return kind, obj
         return None
 
     def discovered(self) -> bool:
