@@ -66,6 +66,10 @@ class Cache:
         self.owners: dict[Kind, OwnerIndex] = {
             k: OwnerIndex(s) for k, s in self.gang_stores.items()
         }
+        # Each backend's indexes by its name, for the pod webhook (a Kind hashes in Python).
+        self._owners_of: dict[str, tuple[tuple[Kind, OwnerIndex], ...]] = {
+            b.name: tuple((k, self.owners[k]) for k in b.kinds) for b in self.backends.backends
+        }
         self._snapshots: dict[str, CheckedRuntime] = {}
         # Runtime reviews' verdicts by content (the admission handler's; bounded).
         self.runtime_verdicts: Memo[tuple[Verdict, str | None]] = Memo(256)
@@ -102,8 +106,11 @@ class Cache:
     def foreign(self, backend: GangBackend, uid: str | None) -> tuple[Kind, dict[str, Any]] | None:
         """An object of the backend's kinds that the TrainJob controls but another controller
         made (it lacks this service's label): then this service stands down for the TrainJob."""
-        for kind in backend.kinds:
-            obj = self.owners[kind].foreign_of(uid)
+        owners = self._owners_of.get(backend.name)
+        if owners is None:  # a backend not registered here (the registry's are)
+            owners = tuple((k, self.owners[k]) for k in backend.kinds)
+        for kind, index in owners:
+            obj = index.foreign_of(uid)
             if obj is not None:
                 return kind, obj
         return None
