@@ -58,6 +58,7 @@ bench: setup
 	$(PY) -m tests.bench.plan_bench
 	$(PY) -m tests.bench.admission_bench
 	$(PY) -m tests.bench.reconcile_bench
+	$(if $(BENCH_KUBECONFIG),$(PY) -m tests.bench.reconcile_bench --kubeconfig $(BENCH_KUBECONFIG))
 	$(PY) -m tests.bench.feasibility_bench
 
 ## prometheus: Debian's Prometheus, which tests/test_prometheus.py runs (skipped without it,
