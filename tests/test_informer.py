@@ -422,7 +422,6 @@ async def readyz(client: httpx.AsyncClient, proc: ServerProcess) -> httpx.Respon
     return await client.get(f"{proc.health_url}/readyz")
 
 
-@pytest.mark.asyncio
 def test_owner_index_tells_which_of_a_trainjobs_objects_another_controller_made() -> None:
     """The pod webhook asks this for every pod: the answer follows the store's changes (a label
     taken off or put back, a delete) without scanning what the TrainJob owns."""
@@ -457,6 +456,7 @@ def test_owner_index_tells_which_of_a_trainjobs_objects_another_controller_made(
     assert (index.foreign_of("uid-2") or {})["metadata"]["name"] == "other"
 
 
+@pytest.mark.asyncio
 async def test_served_pod_reviews_read_the_watched_cache_and_never_the_api(tmp_path: Path) -> None:
     review = fixture("pod-create-by-job-controller.mutate.json")
     path = webhook_path(review, "mutate")
