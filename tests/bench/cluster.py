@@ -21,15 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from kubernetes.client import (
-    ApiClient,
-    Configuration,
-    CoreV1Api,
-    CustomObjectsApi,
-    V1Namespace,
-    V1ObjectMeta,
-)
-from kubernetes.client.exceptions import ApiException
+from kubernetes.client import ApiClient, Configuration
 from kubernetes.config import kube_config
 
 from tests.e2e.cluster import TRAINER_GROUP, TRAINER_VERSION, Cluster, check_apis
@@ -74,23 +66,18 @@ def prepare(
     """The run's namespaces, its runtime and N TrainJobs (round-robin over the namespaces),
     each with `annotations` if given; `run.made` says what to delete, even after a failure."""
     namespaces, run_id = len(run.namespaces), run.run_id
-    core, objects = CoreV1Api(cluster.api), CustomObjectsApi(cluster.api)
     started = time.perf_counter()
     for ns in run.namespaces:
-        meta = V1ObjectMeta(name=ns, labels={"app.kubernetes.io/created-by": run_id})
-        core.create_namespace(V1Namespace(metadata=meta))
+        cluster.create_namespace(ns, {"app.kubernetes.io/created-by": run_id})
         run.made.append(ns)
-    objects.create_cluster_custom_object(
-        TRAINER_GROUP, TRAINER_VERSION, "clustertrainingruntimes", run.runtime
-    )
+    cluster.create(TRAINER_GROUP, TRAINER_VERSION, "clustertrainingruntimes", run.runtime)
 
     def create(i: int) -> None:
-        obj = trainjob(f"job-{i:05d}", run.namespaces[i % namespaces], run_id)
+        ns = run.namespaces[i % namespaces]
+        obj = trainjob(f"job-{i:05d}", ns, run_id)
         if annotations:
             obj["metadata"]["annotations"] = dict(annotations)
-        objects.create_namespaced_custom_object(
-            TRAINER_GROUP, TRAINER_VERSION, obj["metadata"]["namespace"], "trainjobs", obj
-        )
+        cluster.create(TRAINER_GROUP, TRAINER_VERSION, "trainjobs", obj, namespace=ns)
 
     with ThreadPoolExecutor(PRELOAD_THREADS) as pool:
         for _ in pool.map(create, range(n)):  # the first failure stops the bench
@@ -100,18 +87,7 @@ def prepare(
 
 def cleanup(cluster: Cluster, run: ClusterRun) -> None:
     """Deletes the run's namespaces (the garbage collector takes what is in them) and its
-    runtime; does not wait for them to go."""
-    core, objects = CoreV1Api(cluster.api), CustomObjectsApi(cluster.api)
+    runtime, best effort (as the end-to-end tests do); does not wait for them to go."""
     for ns in run.made:
-        try:
-            core.delete_namespace(ns)
-        except ApiException as err:
-            if err.status != 404:
-                raise
-    try:
-        objects.delete_cluster_custom_object(
-            TRAINER_GROUP, TRAINER_VERSION, "clustertrainingruntimes", run.run_id
-        )
-    except ApiException as err:
-        if err.status != 404:
-            raise
+        cluster.delete_namespace(ns)
+    cluster.delete(TRAINER_GROUP, TRAINER_VERSION, "clustertrainingruntimes", run.run_id)
