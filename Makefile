@@ -58,8 +58,8 @@ bench: setup
 	$(PY) -m tests.bench.plan_bench
 	$(PY) -m tests.bench.admission_bench
 	$(PY) -m tests.bench.reconcile_bench
-	$(if $(BENCH_KUBECONFIG),$(PY) -m tests.bench.reconcile_bench --kubeconfig $(BENCH_KUBECONFIG))
 	$(PY) -m tests.bench.feasibility_bench
+	$(if $(BENCH_KUBECONFIG),$(PY) -m tests.bench.reconcile_bench --kubeconfig $(BENCH_KUBECONFIG))
 
 ## prometheus: Debian's Prometheus, which tests/test_prometheus.py runs (skipped without it,
 ## unless REQUIRE_PROMETHEUS=1); installed with apt-get when missing

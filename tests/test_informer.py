@@ -437,9 +437,14 @@ def test_owner_index_tells_which_of_a_trainjobs_objects_another_controller_made(
 
     store = Store("podgroups")
     store.apply("ADDED", gang("ours", managed=True))
+    store.apply("ADDED", gang("early", managed=False, uid="uid-0"))
     index = OwnerIndex(store)  # built from what the store holds, then kept current
     assert index.foreign_of("tj-uid") is None and index.foreign_of(None) is None
     assert [o["metadata"]["name"] for o in index.owned_by("tj-uid")] == ["ours"]
+    assert (index.foreign_of("uid-0") or {})["metadata"]["name"] == "early"
+    store.apply("MODIFIED", gang("early", managed=False, uid="uid-9"))  # another controller uid
+    assert index.foreign_of("uid-0") is None and index.owned_by("uid-0") == []
+    assert (index.foreign_of("uid-9") or {})["metadata"]["name"] == "early"
 
     store.apply("ADDED", gang("theirs", managed=False))
     assert (index.foreign_of("tj-uid") or {})["metadata"]["name"] == "theirs"
@@ -454,6 +459,9 @@ def test_owner_index_tells_which_of_a_trainjobs_objects_another_controller_made(
     store.replace([gang("other", managed=False, uid="uid-2")])  # a relist
     assert index.foreign_of("tj-uid") is None and index.owned_by("tj-uid") == []
     assert (index.foreign_of("uid-2") or {})["metadata"]["name"] == "other"
+    store.forget()  # the watch stopped: nothing is known, and no owner is left behind
+    assert index.foreign_of("uid-2") is None
+    assert not index._by_owner and not index._foreign_by_owner  # private: no key leaks
 
 
 @pytest.mark.asyncio

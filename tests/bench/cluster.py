@@ -21,7 +21,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from kubernetes.client import ApiClient, Configuration
+from kubernetes.client import ApiClient, Configuration, V1DeleteOptions, V1Preconditions
+from kubernetes.client.exceptions import ApiException
 from kubernetes.config import kube_config
 
 from tests.e2e.cluster import TRAINER_GROUP, TRAINER_VERSION, Cluster, check_apis
@@ -40,6 +41,7 @@ class ClusterRun:
     runtime: Json
     preload_seconds: float = 0.0
     made: list[str] = field(default_factory=list)  # namespaces created, to delete
+    runtime_uid: str | None = None  # set once the runtime is created (so it is ours to delete)
 
 
 def open_cluster(kubeconfig: str, check_crd: bool) -> Cluster:
@@ -70,7 +72,8 @@ def prepare(
     for ns in run.namespaces:
         cluster.create_namespace(ns, {"app.kubernetes.io/created-by": run_id})
         run.made.append(ns)
-    cluster.create(TRAINER_GROUP, TRAINER_VERSION, "clustertrainingruntimes", run.runtime)
+    created = cluster.create(TRAINER_GROUP, TRAINER_VERSION, "clustertrainingruntimes", run.runtime)
+    run.runtime_uid = str(created["metadata"]["uid"])
 
     def create(i: int) -> None:
         ns = run.namespaces[i % namespaces]
@@ -85,9 +88,29 @@ def prepare(
     run.preload_seconds = time.perf_counter() - started
 
 
-def cleanup(cluster: Cluster, run: ClusterRun) -> None:
-    """Deletes the run's namespaces (the garbage collector takes what is in them) and its
-    runtime, best effort (as the end-to-end tests do); does not wait for them to go."""
+def cleanup(cluster: Cluster, run: ClusterRun) -> list[str]:
+    """Deletes what the run made, and only that: its namespaces (the garbage collector takes
+    what is in them) and its runtime (by uid: a runtime of that name made by someone else stays);
+    does not wait for them to go, and never raises: the answer lists what may be left."""
+    left = []
     for ns in run.made:
-        cluster.delete_namespace(ns)
-    cluster.delete(TRAINER_GROUP, TRAINER_VERSION, "clustertrainingruntimes", run.run_id)
+        try:
+            cluster.core.delete_namespace(ns, propagation_policy="Background")
+        except ApiException as err:
+            if err.status != 404:
+                left.append(f"namespace {ns} ({err.status})")
+        except Exception as err:  # unreachable, timed out: say so and go on with the rest
+            left.append(f"namespace {ns} ({type(err).__name__})")
+    if run.runtime_uid is not None:
+        try:
+            cluster.objects.delete_cluster_custom_object(
+                TRAINER_GROUP, TRAINER_VERSION, "clustertrainingruntimes", run.run_id,
+                body=V1DeleteOptions(preconditions=V1Preconditions(uid=run.runtime_uid)),
+                propagation_policy="Background",
+            )  # fmt: skip
+        except ApiException as err:
+            if err.status not in (404, 409):  # gone, or another of that name (not ours)
+                left.append(f"clustertrainingruntime {run.run_id} ({err.status})")
+        except Exception as err:
+            left.append(f"clustertrainingruntime {run.run_id} ({type(err).__name__})")
+    return left

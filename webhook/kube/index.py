@@ -43,7 +43,7 @@ class OwnerIndex:
             return None
         for namespace, name in self._foreign_by_owner.get(uid, ()):
             entry = self.store.get(namespace, name)
-            if entry is not None:
+            if entry is not None and not is_managed(entry.raw):  # as a scan would judge it
                 return entry.raw
         return None
 
