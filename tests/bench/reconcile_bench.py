@@ -106,7 +106,6 @@ from tests.kube_emulator import (
     declare_service_resources,
     declare_trainer_resources,
 )
-from webhook.core.snapshot import SNAPSHOT_ANNOTATION
 
 Json = dict[str, Any]
 Conn = multiprocessing.connection.Connection
@@ -171,7 +170,7 @@ def trainjobs(n: int, namespaces: int, snapshotted: bool = False) -> Iterator[Js
     `snapshotted`: each already carries the runtime snapshot, as if taken when it was created."""
     template: Json = fixture("trainjob-create.validate.json")["request"]["object"]
     template.pop("status", None)
-    annotations = {SNAPSHOT_ANNOTATION: snapshot_text(cluster_runtime())} if snapshotted else None
+    annotations = snapshot_annotations(cluster_runtime()) if snapshotted else None
     for i in range(n):
         obj = copy.deepcopy(template)
         obj["metadata"] = {"name": f"job-{i:05d}", "namespace": f"team-{i % namespaces}"}
@@ -180,15 +179,15 @@ def trainjobs(n: int, namespaces: int, snapshotted: bool = False) -> Iterator[Js
         yield obj
 
 
-def snapshot_text(runtime_obj: Json) -> str:
-    """The snapshot annotation's value the reconciler writes for this runtime."""
+def snapshot_annotations(runtime_obj: Json) -> dict[str, str]:
+    """The runtime snapshot annotation the reconciler writes for TrainJobs of this runtime."""
     from webhook.core.fields import parse
-    from webhook.core.snapshot import snapshot
+    from webhook.core.snapshot import SNAPSHOT_ANNOTATION, snapshot
     from webhook.core.trainer import Runtime
 
     runtime, _ = parse(Runtime, runtime_obj)
     assert runtime is not None
-    return snapshot(runtime)
+    return {SNAPSHOT_ANNOTATION: snapshot(runtime)}
 
 
 def _child_setup(log_file: Path, cpu: int | None) -> None:
@@ -830,9 +829,7 @@ def run_size_on_cluster(
     api = cluster.open_cluster(args.kubeconfig, check_crd=not args.skip_crd_check)
     run = cluster.new_run(args.namespaces)
     try:
-        annotations = None
-        if args.snapshotted:
-            annotations = {SNAPSHOT_ANNOTATION: snapshot_text(run.runtime)}
+        annotations = snapshot_annotations(run.runtime) if args.snapshotted else None
         cluster.prepare(api, run, n, annotations)
         pinned = RECONCILER_CPU in os.sched_getaffinity(0)
         target = {"kubeconfig": args.kubeconfig, "namespaces": run.namespaces,

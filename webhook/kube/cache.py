@@ -106,10 +106,7 @@ class Cache:
     def foreign(self, backend: GangBackend, uid: str | None) -> tuple[Kind, dict[str, Any]] | None:
         """An object of the backend's kinds that the TrainJob controls but another controller
         made (it lacks this service's label): then this service stands down for the TrainJob."""
-        owners = self._owners_of.get(backend.name)
-        if owners is None:  # a backend not registered here (the registry's are)
-            owners = tuple((k, self.owners[k]) for k in backend.kinds)
-        for kind, index in owners:
+        for kind, index in self._owners_of[backend.name]:
             obj = index.foreign_of(uid)
             if obj is not None:
                 return kind, obj

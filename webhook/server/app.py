@@ -129,13 +129,11 @@ class AdmissionEndpoint:
     metrics: Metrics | None = None
     meter: WebhookMeter | None = field(init=False, default=None)
     _log_head: bytes = field(init=False, default=b"")
-    _resource: tuple[str, str] = field(init=False, default=("", ""))
 
     def __post_init__(self) -> None:
         if self.metrics is not None:
             self.meter = WebhookMeter(self.metrics, self.webhook.path)
         self._log_head = ReviewLog.head(webhook=self.webhook.name)
-        self._resource = (self.webhook.group, self.webhook.resource)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         meter = self.meter
@@ -163,10 +161,7 @@ class AdmissionEndpoint:
         review: Review | None = None
         try:
             review = parse(body)
-            if (review.group, review.resource) == self._resource:
-                decision = self.webhook.handler(review, self.cache)
-            else:  # a configuration sending this path another resource's reviews: say so
-                decision = self.webhook.judge(review) or self.webhook.handler(review, self.cache)
+            decision = self.webhook.judge(review) or self.webhook.handler(review, self.cache)
             uid = review.uid
         except BadReview as err:
             if err.uid is None:  # nothing to answer a review with: a plain 400
