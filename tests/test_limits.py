@@ -139,11 +139,17 @@ def test_a_level_3_entry_counts_its_templates_before_building_them(replicas: int
     start = time.perf_counter()
     found = messages(raw)
     assert time.perf_counter() - start < 0.5
-    assert (
-        f"spec.scheduling.replicatedJobs: Too many: {replicas}: must have at most 8 items; this "
-        f"runtime resolves to {replicas} PodGroup templates: a job entry makes one per replica, "
-        f'and "node" has replicas {replicas}'
-    ) in found[0]
+    if replicas > INT32:  # one mistake, one cause: not also a count of its templates
+        assert found == [
+            f"spec.template.spec.replicatedJobs[0].replicas: Invalid value: {replicas}: must be "
+            f"at most {INT32} (an int32)"
+        ]
+        return
+    assert found == [
+        f"spec.scheduling.replicatedJobs[0].job: Too many: {replicas} PodGroup templates, and a "
+        f'Workload holds at most 8; a job entry makes one per Job, and "node" has replicas '
+        f"{replicas}: lower its replicas, or remove job to make one group of its Jobs"
+    ]
 
 
 def test_a_gang_per_job_of_a_replicated_job_without_jobs_is_rejected() -> None:
@@ -154,9 +160,9 @@ def test_a_gang_per_job_of_a_replicated_job_without_jobs_is_rejected() -> None:
         scheduling={"replicatedJobs": [{"targetReplicatedJobs": ["init"], "job": {}}]},
     )
     assert messages(zero) == [
-        'spec.scheduling.replicatedJobs[0].targetReplicatedJobs: Invalid value: ["init"]: an '
-        'entry with job makes one gang per Job, but "init" has replicas 0, so its gang would have '
-        "no pod to wait for; raise replicas or use schedulingPolicy basic"
+        "spec.template.spec.replicatedJobs[0].replicas: Invalid value: 0: must be at least 1: the "
+        "job entry spec.scheduling.replicatedJobs[0] makes a gang of each Job, and a gang needs a "
+        "pod to wait for; raise replicas or make that entry's job schedulingPolicy basic"
     ]
     basic = runtime(
         rj("init", replicas=0),

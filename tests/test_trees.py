@@ -281,8 +281,8 @@ def test_a_gang_of_groups_whose_groups_wait_on_each_other_is_rejected_not_made_e
 
 def test_the_apis_limits_on_a_tree_are_admission_errors() -> None:
     (err,) = validate_runtime(tpu_slices(slices=9)).errors
-    assert err.path == "spec.scheduling.replicatedJobs[0].targetReplicatedJobs"
-    assert "9: must have at most 8 items" in str(err)
+    assert err.path == "spec.scheduling.replicatedJobs[0].job"
+    assert "9 Job groups, and a composite holds at most 8" in str(err)
     nine_leaves = runtime(
         torch_node(replicas=9),
         scheduling={"schedulingConstraints": ZONE,
@@ -290,7 +290,9 @@ def test_the_apis_limits_on_a_tree_are_admission_errors() -> None:
     )  # fmt: skip
     (err,) = validate_runtime(nine_leaves).errors
     assert err.path == "spec.scheduling.replicatedJobs"
-    assert "9: must have at most 8 items; the TrainJob level of this tree" in str(err)
+    assert "9 groups at the TrainJob level of this tree, and a composite holds at most 8" in str(
+        err
+    )
 
 
 def test_a_pod_gets_its_leaf() -> None:

@@ -61,6 +61,10 @@ def with_jobset_scheduling(raw: Json) -> Json:
     return raw
 
 
+def pod_path(index: int, field: str) -> str:
+    return f"spec.template.spec.replicatedJobs[{index}].template.spec.template.spec.{field}"
+
+
 def _many_rjs(n: int) -> list[Json]:
     return [rj(f"job{i}") for i in range(n)]
 
@@ -312,9 +316,12 @@ RULES = [
         "at-most-8-templates-after-level-3",
         runtime(torch_node(replicas=8), scheduling=entries(target("node", job={}))),
         runtime(torch_node(replicas=9), scheduling=entries(target("node", job={}))),
-        "spec.scheduling.replicatedJobs",
+        # The entry's job makes the templates: the message names what it counts (its
+        # replicatedJobs list has one item, not 9).
+        "spec.scheduling.replicatedJobs[0].job",
         ErrorType.TOO_MANY,
-        "this runtime resolves to 9 PodGroup templates",
+        '9 PodGroup templates, and a Workload holds at most 8; a job entry makes one per Job, '
+        'and "node" has replicas 9: lower its replicas, or remove job',
     ),
     Rule(
         "job-needs-one-target",
@@ -346,9 +353,9 @@ RULES = [
             torch_node(replicas=9),
             scheduling=entries(target("node", job={}, schedulingConstraints=ZONE)),
         ),
-        "spec.scheduling.replicatedJobs[0].targetReplicatedJobs",
+        "spec.scheduling.replicatedJobs[0].job",
         ErrorType.TOO_MANY,
-        '9: must have at most 8 items; this entry is a gang of "node"\'s Jobs',
+        '9 Job groups, and a composite holds at most 8; this entry is a gang of "node"\'s Jobs',
     ),
     Rule(
         "tree-gang-of-groups-never-together",
@@ -472,10 +479,33 @@ RULES = [
             rj("init", priority_class="high"), torch_node(priority_class="high"), scheduling={}
         ),
         runtime(rj("init", priority_class="low"), torch_node(priority_class="high"), scheduling={}),
-        "spec.scheduling",
+        # As JobSet's webhook: at level 1, the pod template field of each that differs from
+        # the first.
+        pod_path(1, "priorityClassName"),
         ErrorType.INVALID,
-        "pods of one PodGroup must share one priorityClassName, but the pod templates differ "
-        "(init=low, node=high)",
+        '"high": must match "low" of "init": the whole TrainJob is one PodGroup, whose pods '
+        "share one priorityClassName",
+    ),
+    Rule(
+        "one-priority-class-per-entry",
+        # In an entry, the target that differs from the entry's first (JobSet's webhook).
+        runtime(
+            rj("init", priority_class="low"),
+            rj("eval", priority_class="low"),
+            torch_node(priority_class="high"),
+            scheduling=entries(target("init", "eval"), target("node")),
+        ),
+        runtime(
+            rj("init", priority_class="low"),
+            rj("eval", priority_class="low"),
+            torch_node(priority_class="high"),
+            scheduling=entries(target("init", "node", "eval")),
+        ),
+        "spec.scheduling.replicatedJobs[0].targetReplicatedJobs[1]",
+        ErrorType.INVALID,
+        '"node": its pods\' priorityClassName "high" must match "low" of "init": pods of one '
+        'PodGroup share one priorityClassName; give them the same one or put "node" in an '
+        "entry of its own",
     ),
     Rule(
         "one-scheduler-per-group",
@@ -485,17 +515,32 @@ RULES = [
             torch_node(),
             scheduling=entries(target("init", "node")),
         ),
-        "spec.scheduling.replicatedJobs[0].targetReplicatedJobs",
+        # Only the pod template can fix a scheduler: it is named there, in an entry too.
+        pod_path(1, "schedulerName"),
         ErrorType.INVALID,
-        "must share one schedulerName",
+        '"default-scheduler": must match "volcano" of "init": one TrainJob\'s groups are made '
+        "for one scheduler",
+    ),
+    Rule(
+        "one-scheduler-across-entries",
+        runtime(rj("init"), torch_node(), scheduling=entries(target("init"), target("node"))),
+        runtime(
+            rj("init"),
+            torch_node(scheduler="kai-scheduler"),
+            scheduling=entries(target("init"), target("node")),
+        ),
+        pod_path(1, "schedulerName"),
+        ErrorType.INVALID,
+        '"kai-scheduler": must match "default-scheduler" of "init"',
     ),
     Rule(
         "one-preemption-policy-per-group",
         with_preemption(runtime(rj("init"), torch_node(), scheduling={}), Never=[0, 1]),
         with_preemption(runtime(rj("init"), torch_node(), scheduling={}), Never=[0]),
-        "spec.scheduling",
+        pod_path(1, "preemptionPolicy"),
         ErrorType.INVALID,
-        "must share one preemptionPolicy, but the pod templates differ (init=Never, node=(unset))",
+        '"": must match "Never" of "init": the whole TrainJob is one PodGroup, whose pods share '
+        "one preemptionPolicy",
     ),
     Rule(
         "gangs-must-not-wait-on-each-other",
@@ -594,9 +639,17 @@ RULES = [
         "gang-needs-a-pod",
         runtime(rj("eval", parallelism=0), torch_node(), scheduling={}),
         runtime(rj("eval", parallelism=0), scheduling={}),
-        "spec.template.spec.replicatedJobs[0]",
+        "spec.template.spec.replicatedJobs[0].template.spec.parallelism",
         ErrorType.INVALID,
-        "a gang needs at least one pod, but these ReplicatedJobs run none",
+        '0: must be at least 1: "eval" is in a gang, and a gang needs a pod to wait for',
+    ),
+    Rule(
+        "gang-needs-a-job",
+        runtime(rj("eval", replicas=0), torch_node(), scheduling={}),
+        runtime(rj("eval", replicas=0), scheduling={}),
+        "spec.template.spec.replicatedJobs[0].replicas",
+        ErrorType.INVALID,
+        '0: must be at least 1: "eval" is in a gang, and a gang needs a pod to wait for',
     ),
     Rule(
         "group-fits-int32",
@@ -604,7 +657,7 @@ RULES = [
         runtime(rj("eval", parallelism=2**31 - 1, replicas=2), scheduling={}),
         "spec.template.spec.replicatedJobs[0]",
         ErrorType.INVALID,
-        "these ReplicatedJobs run 4294967294 pods in one group, more than a PodGroup can count",
+        '"eval": runs 4294967294 pods in one group, more than a PodGroup can count',
     ),
     Rule(
         "replicas-not-negative",
@@ -836,9 +889,12 @@ def test_template_cap_message_fits_the_level() -> None:
         *(rj(f"job{i}", depends=[("init", "Complete")]) for i in range(8)),
         scheduling={},
     )
+    # The list whose length is counted: one gang (template) per ReplicatedJob.
     (err,) = [e for e in validate_runtime(split).errors if e.type is ErrorType.TOO_MANY]
-    assert err.path == "spec.scheduling"
-    assert "splits into 9 gangs, one per ReplicatedJob (a Complete dependency)" in str(err)
+    assert str(err).startswith(
+        "spec.template.spec.replicatedJobs: Too many: 9: must have at most 8 items; "
+        "spec.scheduling splits into 9 gangs, one per ReplicatedJob (a Complete dependency)"
+    ), str(err)
     nine_entries = runtime(
         *_many_rjs(9), scheduling=entries(*(target(f"job{i}") for i in range(9)))
     )

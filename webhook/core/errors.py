@@ -151,6 +151,15 @@ def too_many(path: Path, count: int, limit: int, detail: str = "") -> FieldError
     return FieldError(ErrorType.TOO_MANY, str(path), f"{text}; {detail}" if detail else text)
 
 
+def too_many_in(
+    path: Path, count: int, what: str, holder: str, limit: int, detail: str
+) -> FieldError:
+    """Too many of something the object makes (a runtime's PodGroup templates), which is not
+    the items of the list at `path`: the message names what is counted and what holds it."""
+    text = f"{count} {what}, and {holder} holds at most {limit}"
+    return FieldError(ErrorType.TOO_MANY, str(path), f"{text}; {detail}")
+
+
 MAX_SHOWN = 20  # errors in one message: a hostile object could carry thousands
 
 

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import enum
 import functools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
 from . import errors as fe
 from .errors import FieldError, Path
 from .graph import IN_ORDER, Names, Ordering, build_edges, ordering
+from .limits import within_int32
 from .startup import REPLICATED_JOBS, dependency_errors, progress_errors
 from .trainer import (
     GROUP_SETTING_FIELDS,
@@ -161,6 +162,8 @@ class _Builder:
     runtime: Runtime
     rjs: dict[str, ReplicatedJob]
     order: Ordering
+    index: dict[str, int]
+    """Where each ReplicatedJob is in the template (as `rjs`, the last of a duplicated name)."""
     groups: list[GroupLayout] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     errors: list[FieldError] = field(default_factory=list)
@@ -168,13 +171,18 @@ class _Builder:
     """Templates the runtime resolves to, counted before any is built: groups are made only
     while the count stays within MAX_TEMPLATES (a level-3 entry may ask for 2**31 of them)."""
 
-    widest_job: tuple[int, str] = (0, "")
-    """The level-3 target with the most replicas, and that count, for the too-many message."""
+    widest_job: tuple[int, str, int] = (0, "", 0)
+    """The level-3 target with the most replicas: that count, its name and its entry's index,
+    for the too-many message."""
     multi: bool = False  # a multi-level runtime: groups go into a tree of composites
     composites: list[CompositeLayout] = field(default_factory=list)
+    at_root: int = 0
+    """Children of a tree's root, counted like `templates` (including groups never built)."""
 
-    def room(self, count: int) -> bool:
+    def room(self, count: int, parent: str | None = None) -> bool:
         self.templates += max(count, 0)
+        if parent == ROOT:
+            self.at_root += max(count, 0)
         return self.templates <= (MAX_TREE_LEAVES if self.multi else MAX_TEMPLATES)
 
     @property
@@ -187,10 +195,11 @@ class _Builder:
         kind: GroupKind,
         targets: tuple[str, ...],
         settings: GroupSettings,
-        where: Path,
+        named: Mapping[str, Path] | None = None,
         job_index: int | None = None,
         parent: str | None = None,
     ) -> None:
+        """One group; `named` is where its entry names each target (None at level 1)."""
         resolved = resolve_settings(settings)
         deferred: tuple[str, ...] = ()
         if resolved.policy == "gang" and len(targets) > 1:
@@ -213,34 +222,63 @@ class _Builder:
                 topology_key=resolved.topology_key,
                 disruption_mode=resolved.disruption_mode,
                 resource_claims=resolved.resource_claims,
-                priority_class_name=self._consistent_priority_class(targets, where),
+                priority_class_name=self._consistent_priority_class(targets, named),
                 deferred=deferred,
                 parent=parent,
             )
         )
 
-    def _consistent_priority_class(self, targets: tuple[str, ...], where: Path) -> str | None:
-        """Pods of one PodGroup must share scheduler, priority and preemption policy (KEP-5710);
-        returns their priority class, which the template copies."""
+    def pod_field(self, name: str, field_name: str) -> Path:
+        return pod_field(self.index[name], field_name)
+
+    def _consistent_priority_class(
+        self, targets: tuple[str, ...], named: Mapping[str, Path] | None
+    ) -> str | None:
+        """Pods of one PodGroup must share priority and preemption policy (KEP-5710; their
+        scheduler is checked runtime-wide, `_one_scheduler`); returns their priority class,
+        which the template copies. Each ReplicatedJob that differs from the group's first is
+        named, as JobSet does: at its entry's target, or at level 1 its pod template's field."""
         specs = {t: self.rjs[t].pod_spec for t in targets}
-        fields: dict[str, dict[str, str | None]] = {
-            "priorityClassName": {t: s.priority_class_name or None for t, s in specs.items()},
-            "schedulerName": {t: s.scheduler_name or "default-scheduler" for t, s in specs.items()},
-            "preemptionPolicy": {t: s.preemption_policy or None for t, s in specs.items()},
+        fields: dict[str, dict[str, str]] = {
+            "priorityClassName": {t: s.priority_class_name or "" for t, s in specs.items()},
+            "preemptionPolicy": {t: s.preemption_policy or "" for t, s in specs.items()},
         }
+        first = targets[0]
         for what, values in fields.items():
-            if len(set(values.values())) > 1:
-                shown = ", ".join(f"{t}={v or '(unset)'}" for t, v in list(values.items())[:8])
-                self.errors.append(
-                    fe.invalid(
-                        where,
-                        list(targets),
-                        f"pods of one PodGroup must share one {what}, but the pod templates "
-                        f"differ ({shown}); give them the same {what} or put them in "
-                        "separate replicatedJobs entries",
+            expected = _quoted(values[first])
+            for t, value in values.items():
+                if value == values[first]:
+                    continue
+                if named is None:
+                    self.errors.append(
+                        fe.invalid(
+                            self.pod_field(t, what),
+                            value,
+                            f'must match {expected} of "{first}": the whole TrainJob is one '
+                            f"PodGroup, whose pods share one {what}; give them the same one or "
+                            "group them with spec.scheduling.replicatedJobs entries",
+                        )
                     )
-                )
-        return next(iter(fields["priorityClassName"].values()), None)
+                else:
+                    self.errors.append(
+                        fe.invalid(
+                            named[t],
+                            t,
+                            f"its pods' {what} {_quoted(value)} must match {expected} of "
+                            f'"{first}": pods of one PodGroup share one {what}; give them the '
+                            f'same one or put "{t}" in an entry of its own',
+                        )
+                    )
+        return fields["priorityClassName"][first] or None
+
+
+def pod_field(index: int, name: str) -> Path:
+    """A field of the pod template of the ReplicatedJob at `index`."""
+    return REPLICATED_JOBS.index(index).child("template", "spec", "template", "spec", name)
+
+
+def _quoted(value: str) -> str:
+    return f'"{value}"' if value else "(unset)"
 
 
 def _names(names: list[str], more: int = 0) -> str:
@@ -266,7 +304,7 @@ def resolve_layout(runtime: Runtime) -> Layout | None:
     startup = runtime.spec.template.spec.startup_policy
     in_order = bool(startup and startup.startup_policy_order == IN_ORDER)
     edges = build_edges(rj_list, in_order)
-    b = _Builder(runtime, rjs, ordering(edges))
+    b = _Builder(runtime, rjs, ordering(edges), {rj.name: i for i, rj in enumerate(rj_list)})
     dependency_problems, has_cycle = dependency_errors(rj_list, edges, in_order)
     b.errors += dependency_problems
     if not rj_list:
@@ -290,39 +328,10 @@ def resolve_layout(runtime: Runtime) -> Layout | None:
     if b.multi:
         _tree(scheduling, b)
     elif count > MAX_TEMPLATES and len(entries or []) <= MAX_ENTRIES:
-        if entries is None:
-            why = f"splits into {count} gangs, one per ReplicatedJob (a Complete dependency)"
-            fix = "use replicatedJobs entries to group them instead"
-        elif b.widest_job[0] > 1:
-            replicas, name = b.widest_job
-            why = (
-                f"resolves to {count} PodGroup templates: a job entry makes one per replica, "
-                f'and "{name}" has replicas {replicas}'
-            )
-            fix = "target fewer replicas with job entries or merge entries"
-        else:
-            why = f"resolves to {count} PodGroup templates"
-            fix = "merge entries"
-        b.errors.append(
-            fe.too_many(
-                where,
-                count,
-                MAX_TEMPLATES,
-                f"this runtime {why}; a Workload holds at most 8: {fix}",
-            )
-        )
-    schedulers = {b.rjs[g.targets[0]].scheduler for g in b.groups}
-    if len(schedulers) > 1:
-        b.errors.append(
-            fe.invalid(
-                where,
-                sorted(schedulers),
-                "the groups' pods name different schedulers; one TrainJob's gangs are made "
-                "for one scheduler (its gang backend): give their pod templates the same "
-                "schedulerName",
-            )
-        )
-    if count == 0 and rj_list and not b.errors:
+        b.errors.append(_templates_error(count, entries is None, b))
+    b.errors += _one_scheduler(b)
+    counts_valid = all(within_int32(rj.replica_count) for rj in rj_list)  # else said by validation
+    if count == 0 and rj_list and counts_valid and not b.errors:
         b.errors.append(
             fe.invalid(
                 where,
@@ -343,6 +352,61 @@ def resolve_layout(runtime: Runtime) -> Layout | None:
     return Layout(
         tuple(b.groups), untargeted, tuple(b.warnings), tuple(b.errors), tuple(b.composites)
     )
+
+
+def _templates_error(count: int, split: bool, b: _Builder) -> FieldError:
+    """More PodGroup templates than a Workload holds, said of the list that makes them."""
+    if split:  # one gang per ReplicatedJob: the template's list is what is counted
+        return fe.too_many(
+            REPLICATED_JOBS,
+            count,
+            MAX_TEMPLATES,
+            f"spec.scheduling splits into {count} gangs, one per ReplicatedJob (a Complete "
+            "dependency), and a Workload holds at most 8: group them with "
+            "spec.scheduling.replicatedJobs entries instead",
+        )
+    replicas, name, entry = b.widest_job
+    if replicas > MAX_TEMPLATES:  # that job entry alone is too many
+        return fe.too_many_in(
+            SCHEDULING.child("replicatedJobs").index(entry).child("job"),
+            replicas,
+            "PodGroup templates",
+            "a Workload",
+            MAX_TEMPLATES,
+            f'a job entry makes one per Job, and "{name}" has replicas {replicas}: lower its '
+            "replicas, or remove job to make one group of its Jobs",
+        )
+    return fe.too_many_in(
+        SCHEDULING.child("replicatedJobs"),
+        count,
+        "PodGroup templates",
+        "a Workload",
+        MAX_TEMPLATES,
+        "these entries make one each, and a job entry one per Job "
+        f'("{name}" has replicas {replicas}): merge entries or lower replicas',
+    )
+
+
+def _one_scheduler(b: _Builder) -> list[FieldError]:
+    """One TrainJob's groups are made for one scheduler (its gang backend): each scheduled
+    ReplicatedJob whose pods name another than the first's is named at its pod template's
+    schedulerName, the only place where that can be fixed."""
+    targets = list(dict.fromkeys(t for g in b.groups for t in g.targets))
+    if not targets:
+        return []
+    first = targets[0]
+    expected = b.rjs[first].scheduler
+    return [
+        fe.invalid(
+            b.pod_field(t, "schedulerName"),
+            b.rjs[t].scheduler,
+            f'must match "{expected}" of "{first}": one TrainJob\'s groups are made for one '
+            "scheduler (its gang backend), so the pods of every scheduled ReplicatedJob name "
+            "the same schedulerName",
+        )
+        for t in targets
+        if b.rjs[t].scheduler != expected
+    ]
 
 
 def is_multi_level(scheduling: Scheduling) -> bool:
@@ -372,14 +436,16 @@ def _tree(scheduling: Scheduling, b: _Builder) -> None:
         *(i for i, g in enumerate(b.groups) if g.parent == ROOT),
         *(c.key for c in b.composites),
     )
-    if len(root_children) > MAX_TEMPLATES:
+    if b.at_root > MAX_TEMPLATES:
         b.errors.append(
-            fe.too_many(
+            fe.too_many_in(
                 entries_path,
-                len(root_children),
+                b.at_root,
+                "groups at the TrainJob level of this tree",
+                "a composite",
                 MAX_TEMPLATES,
-                "the TrainJob level of this tree holds one group per entry (per Job for a job "
-                "entry without fields of its own); a composite holds at most 8: merge entries",
+                "it holds one per entry, and one per Job of a job entry without fields of its "
+                "own: merge entries, or give a job entry fields of its own (a gang of its Jobs)",
             )
         )
     explicit = bool(set_group_fields(scheduling))
@@ -527,10 +593,10 @@ def _level_one(scheduling: GroupSettings, rj_list: list[ReplicatedJob], b: _Buil
             )
         if b.room(len(names)):
             for name in names:
-                b.group(GroupKind.SPLIT, (name,), scheduling, SCHEDULING)
+                b.group(GroupKind.SPLIT, (name,), scheduling)
         return
     if names and b.room(1):
-        b.group(GroupKind.TRAINJOB, names, scheduling, SCHEDULING)
+        b.group(GroupKind.TRAINJOB, names, scheduling)
 
 
 def _entries(scheduling: Scheduling, rj_list: list[ReplicatedJob], b: _Builder) -> tuple[str, ...]:
@@ -561,6 +627,7 @@ def _entries(scheduling: Scheduling, rj_list: list[ReplicatedJob], b: _Builder) 
         if len(raw_targets) > MAX_TARGETS:
             b.errors.append(fe.too_many(tpath, len(raw_targets), MAX_TARGETS))
         targets: list[str] = []
+        named: dict[str, Path] = {}  # where the entry names each of its targets
         for j, name in enumerate(raw_targets):
             if name in targets:
                 b.errors.append(
@@ -591,11 +658,13 @@ def _entries(scheduling: Scheduling, rj_list: list[ReplicatedJob], b: _Builder) 
             else:
                 targeted[name] = i
                 targets.append(name)
+                named[name] = tpath.index(j)
         if entry.job is not None:
             _job_entry(entry, i, raw_targets, targets, b)
             continue
         group = "-".join(raw_targets)
-        if group in group_names:
+        clean = len(targets) == len(raw_targets)  # else a target is wrong, and said above
+        if clean and group in group_names:
             b.errors.append(
                 fe.duplicate(
                     tpath,
@@ -604,13 +673,14 @@ def _entries(scheduling: Scheduling, rj_list: list[ReplicatedJob], b: _Builder) 
                     f'"{group}" (targets joined by "-"); rename a ReplicatedJob',
                 )
             )
-        group_names[group] = i
+        elif clean:
+            group_names[group] = i
         if not targets:
             continue
         if policy_kind(entry) == "gang":
             _reject_complete_inside(targets, tpath, b)
-        if b.room(1):
-            b.group(GroupKind.REPLICATED_JOBS, tuple(targets), entry, tpath, parent=b.leaf_parent)
+        if b.room(1, b.leaf_parent):
+            b.group(GroupKind.REPLICATED_JOBS, tuple(targets), entry, named, parent=b.leaf_parent)
 
     return tuple(rj.name for rj in rj_list if rj.name not in targeted)
 
@@ -658,32 +728,36 @@ def _job_entry(
         return
     assert entry.job is not None
     rj = b.rjs[targets[0]]
-    tpath = where.child("targetReplicatedJobs")
+    if not within_int32(rj.replica_count):
+        return  # validation says so: counting its Jobs here would say it twice
     if rj.replica_count == 0 and policy_kind(entry.job) == "gang":
         b.errors.append(
             fe.invalid(
-                tpath,
-                raw,
-                f'an entry with job makes one gang per Job, but "{rj.name}" has replicas 0, so '
-                "its gang would have no pod to wait for; raise replicas or use "
-                "schedulingPolicy basic",
+                REPLICATED_JOBS.index(b.index[rj.name]).child("replicas"),
+                0,
+                f"must be at least 1: the job entry spec.scheduling.replicatedJobs[{i}] makes a "
+                "gang of each Job, and a gang needs a pod to wait for; raise replicas or make "
+                "that entry's job schedulingPolicy basic",
             )
         )
-    b.widest_job = max(b.widest_job, (rj.replica_count, rj.name))
+    b.widest_job = max(b.widest_job, (rj.replica_count, rj.name, i))
     parent = b.leaf_parent
     if own:
         parent = f"entry-{i}"
         if rj.replica_count > MAX_TEMPLATES:
             b.errors.append(
-                fe.too_many(
-                    tpath,
+                fe.too_many_in(
+                    where.child("job"),
                     rj.replica_count,
+                    "Job groups",
+                    "a composite",
                     MAX_TEMPLATES,
-                    f'this entry is a gang of "{rj.name}"\'s Jobs, one group each; a composite '
-                    "holds at most 8: lower its replicas",
+                    f'this entry is a gang of "{rj.name}"\'s Jobs, one group each: lower its '
+                    "replicas",
                 )
             )
         resolved = resolve_settings(entry)
+        b.at_root += 1
         b.composites.append(
             CompositeLayout(
                 key=parent,
@@ -697,6 +771,6 @@ def _job_entry(
                 children=(),
             )
         )
-    if b.room(rj.replica_count):  # counted first: replicas may be 2**31 - 1
+    if b.room(rj.replica_count, parent):  # counted first: replicas may be 2**31 - 1
         for index in range(rj.replica_count):
-            b.group(GroupKind.JOB, (rj.name,), entry.job, tpath, index, parent)
+            b.group(GroupKind.JOB, (rj.name,), entry.job, None, index, parent)

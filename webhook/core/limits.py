@@ -32,6 +32,11 @@ MAX_CONTAINERS = 256  # containers (and init containers) of one pod template
 MAX_INT32 = 2**31 - 1
 
 
+def within_int32(count: int) -> bool:
+    """A count the JobSet and Trainer schemas type int32 (replicas, parallelism, numNodes)."""
+    return 0 <= count <= MAX_INT32
+
+
 def runtime_list_errors(raw: Mapping[str, Any]) -> list[FieldError]:
     """The lists of a raw runtime that the models type, each within its cap."""
     spec = _at(raw, "spec")

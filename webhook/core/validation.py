@@ -14,10 +14,18 @@ from . import errors as fe
 from . import limits, resources
 from .errors import FieldError, Path
 from .fields import check_group_settings, parse, unknown_fields
-from .layout import SCHEDULING, Layout, resolve_layout
-from .limits import MAX_INT32
+from .layout import (
+    SCHEDULING,
+    SHOWN_NAMES,
+    GroupKind,
+    GroupLayout,
+    Layout,
+    pod_field,
+    resolve_layout,
+)
+from .limits import MAX_INT32, within_int32
 from .naming import is_dns_label
-from .podcounts import effective_num_nodes, group_size, uses_num_nodes
+from .podcounts import counted_pods, effective_num_nodes, group_size, uses_num_nodes
 from .startup import REPLICATED_JOBS
 from .trainer import CLUSTER_RUNTIME_KIND, Runtime, Scheduling, TrainJob
 
@@ -86,13 +94,15 @@ def runtime_layout(
     assert layout is not None
     errs += layout.errors
     errs += _size_errors(runtime, layout)
+    unknown = unknown_fields(scheduling, SCHEDULING)
+    if errs:  # how a denied runtime would be scheduled is moot; an unknown field may be the
+        return layout, Verdict(tuple(errs), tuple(unknown))  # typo behind an error
     warnings += layout.warnings
     warnings += [
         f'scheduling: replicatedJob "{name}" is not targeted; it gets default scheduling'
         for name in layout.untargeted
     ]
-    warnings += unknown_fields(scheduling, SCHEDULING)
-    return layout, Verdict(tuple(errs), tuple(warnings))
+    return layout, Verdict((), tuple(warnings + unknown))
 
 
 def _check_levels(scheduling: Scheduling) -> list[FieldError]:
@@ -129,7 +139,7 @@ def _owned_fields(runtime: Runtime) -> list[FieldError]:
         if rj.pod_spec.scheduling_group is not None:
             errs.append(
                 fe.forbidden(
-                    jpath.child("template", "spec", "schedulingGroup"),
+                    pod_field(i, "schedulingGroup"),
                     f"Pod schedulingGroup {OWNED}; remove it, the service sets it on each pod",
                 )
             )
@@ -137,49 +147,116 @@ def _owned_fields(runtime: Runtime) -> list[FieldError]:
 
 
 def _size_errors(runtime: Runtime, layout: Layout) -> list[FieldError]:
-    """Pod counts must be >= 0, fit a PodGroup's int32 and give every gang a pod to wait for
-    (checked with numNodes at its floor of 1; each TrainJob's numNodes is checked on its own)."""
+    """Pod counts must be int32 counts, fit a PodGroup's int32 and give every gang a pod to wait
+    for (checked with numNodes at its floor of 1; each TrainJob's numNodes is checked on its own).
+    A group with a count already said to be wrong is not judged again: one mistake, one cause."""
     errs: list[FieldError] = []
+    miscounted: set[str] = set()
     for i, rj in enumerate(runtime.replicated_jobs):
         where = REPLICATED_JOBS.index(i)
+        found = int32_errors(where.child("template", "spec", "parallelism"), rj.parallelism)
         if rj.replicas is not None:
-            errs += int32_errors(where.child("replicas"), rj.replicas)
-        errs += int32_errors(where.child("template", "spec", "parallelism"), rj.parallelism)
+            found = int32_errors(where.child("replicas"), rj.replicas) + found
+        if found:
+            miscounted.add(rj.name)
+        errs += found
     ml = runtime.spec.ml_policy
     if ml is not None and ml.num_nodes is not None:
         errs += int32_errors(Path("spec", "mlPolicy", "numNodes"), ml.num_nodes)
-    index = {rj.name: i for i, rj in reversed(list(enumerate(runtime.replicated_jobs)))}
     for group in layout.groups:
-        size = group_size(group, runtime, 1)
-        where = REPLICATED_JOBS.index(min(index[t] for t in group.targets))
-        if size.pods > MAX_INT32:
-            errs.append(
-                fe.invalid(
-                    where,
-                    list(group.targets),
-                    f"these ReplicatedJobs run {size.pods} pods in one group, more than a "
-                    f"PodGroup can count ({MAX_INT32}); lower replicas or parallelism",
-                )
-            )
-        if group.policy == "gang" and group.counted and size.min_count < 1:  # none: a cycle
-            errs.append(
-                fe.invalid(
-                    where,
-                    list(group.counted),
-                    "a gang needs at least one pod, but these ReplicatedJobs run none "
-                    "(replicas or parallelism 0); raise them or use schedulingPolicy basic",
-                )
-            )
+        if miscounted.intersection(group.targets):
+            continue
+        pods = {
+            rj.name: counted_pods(group, runtime, rj, 1)
+            for rj in runtime.replicated_jobs
+            if rj.name in group.targets
+        }
+        if sum(pods.values()) > MAX_INT32:
+            errs.append(_overflow_error(group, runtime, pods))
+        if group.policy == "gang" and group.counted and group_size(group, runtime, 1).min_count < 1:
+            errs.append(_no_pod_error(group, runtime))  # (no counted target: a cycle, said)
     return errs
+
+
+def _overflow_error(group: GroupLayout, runtime: Runtime, pods: dict[str, int]) -> FieldError:
+    """A group past a PodGroup's int32, said of the one ReplicatedJob that fills it, else of
+    the group, naming each ReplicatedJob with its pods."""
+    total = sum(pods.values())
+    limit = f"more than a PodGroup can count ({MAX_INT32}); lower replicas or parallelism"
+    running = [t for t in group.targets if pods[t]]
+    if len(running) == 1:
+        (name,) = running
+        return fe.invalid(
+            REPLICATED_JOBS.index(_index(runtime, name)),
+            name,
+            f"runs {total} pods in one group, {limit}",
+        )
+    each = ", ".join(f'"{t}" {pods[t]}' for t in running[:SHOWN_NAMES])
+    if len(running) > SHOWN_NAMES:
+        each += f" and {len(running) - SHOWN_NAMES} more"
+    return fe.invalid(
+        _group_path(group, runtime),
+        list(group.targets),
+        f"together they run {total} pods in one group ({each}), {limit}, or split them into "
+        "several replicatedJobs entries",
+    )
+
+
+def _no_pod_error(group: GroupLayout, runtime: Runtime) -> FieldError:
+    """A gang none of whose counted ReplicatedJobs runs a pod, said at the count that is 0 (of
+    each, when there are several)."""
+    zero = {}
+    for name in group.counted:
+        i = _index(runtime, name)
+        rj = runtime.replicated_jobs[i]
+        if rj.replica_count == 0:
+            zero[name] = (REPLICATED_JOBS.index(i).child("replicas"), "replicas")
+        else:
+            where = REPLICATED_JOBS.index(i).child("template", "spec", "parallelism")
+            zero[name] = (where, "parallelism")
+    fix = "raise it, or make the gang schedulingPolicy basic"
+    if len(zero) == 1:
+        ((name, (path, _)),) = zero.items()
+        return fe.invalid(
+            path,
+            0,
+            f'must be at least 1: "{name}" is in a gang, and a gang needs a pod to wait for; '
+            + fix,
+        )
+    names = list(zero)[:SHOWN_NAMES]
+    each = ", ".join(f'"{t}" {zero[t][1]} 0' for t in names)
+    return fe.invalid(
+        _group_path(group, runtime),
+        list(group.counted),
+        f"a gang needs at least one pod, but these ReplicatedJobs run none ({each}); raise one "
+        "of them, or make the gang schedulingPolicy basic",
+    )
+
+
+def _index(runtime: Runtime, name: str) -> int:
+    """Where a ReplicatedJob is in the template (the last of a duplicated name, as the layout)."""
+    return max(i for i, rj in enumerate(runtime.replicated_jobs) if rj.name == name)
+
+
+def _group_path(group: GroupLayout, runtime: Runtime) -> Path:
+    """Where a group of several ReplicatedJobs is made: its replicatedJobs entry's targets, or
+    spec.scheduling for the whole TrainJob."""
+    scheduling = runtime.spec.scheduling
+    entries = scheduling.replicated_jobs if scheduling is not None else None
+    if group.kind is GroupKind.REPLICATED_JOBS and entries:
+        first = group.targets[0]
+        i = next(i for i, e in enumerate(entries) if first in (e.target_replicated_jobs or []))
+        return SCHEDULING.child("replicatedJobs").index(i).child("targetReplicatedJobs")
+    return SCHEDULING
 
 
 def int32_errors(path: Path, value: int) -> list[FieldError]:
     """A count the JobSet and Trainer schemas type int32: 0 to 2147483647."""
+    if within_int32(value):
+        return []
     if value < 0:
         return [fe.invalid(path, value, "must be >= 0")]
-    if value > MAX_INT32:
-        return [fe.invalid(path, value, f"must be at most {MAX_INT32} (an int32)")]
-    return []
+    return [fe.invalid(path, value, f"must be at most {MAX_INT32} (an int32)")]
 
 
 def validate_runtime(raw: Mapping[str, Any], old_raw: Mapping[str, Any] | None = None) -> Verdict:
