@@ -28,6 +28,7 @@ from webhook.kube.cache import Cache
 from webhook.server.logs import json_handler
 from webhook.server.reviewlog import FLUSH_AFTER, FLUSH_BYTES, ReviewLog
 
+from .builders import rj, runtime
 from .harness import (
     RunningServer,
     fixture,
@@ -196,6 +197,40 @@ def test_invalid_runtime_denied_the_way_the_api_server_words_it(client: httpx.Cl
     # The message lists each cause as `field: message`, as field.ErrorList does.
     for cause in details["causes"]:
         assert f"{cause['field']}: {cause['message']}" in status["message"]
+
+
+def test_each_cause_of_a_denial_names_the_item_to_fix(client: httpx.Client) -> None:
+    """Three mistakes, three causes, each at the field to change (JobSet's webhook names a
+    target that breaks its PodGroup's priority class the same way), and of the warnings only
+    the misspelt field's: how a denied runtime would be scheduled is not worth saying."""
+    rt = runtime(
+        rj("init", priority_class="high"),
+        rj("node", priority_class="low"),
+        rj("eval", parallelism=-1),
+        rj("extra"),  # not targeted: no warning while the runtime is denied
+        scheduling={
+            "replicatedJobs": [
+                {"targetReplicatedJobs": ["init", "node"]},
+                {"targetReplicatedJobs": ["node"]},
+                {"targetReplicatedJobs": ["eval"], "schedulingPolicys": {"basic": {}}},
+            ]
+        },
+    )
+    review = runtime_review(rt)
+    response = send(client, webhook_path(review, "validate"), review)
+    assert response["allowed"] is False
+    causes = [(c["field"], c["reason"]) for c in response["status"]["details"]["causes"]]
+    rjs = "spec.scheduling.replicatedJobs"
+    assert sorted(causes) == [
+        (f"{rjs}[0].targetReplicatedJobs[1]", "FieldValueInvalid"),
+        (f"{rjs}[1].targetReplicatedJobs[0]", "FieldValueDuplicate"),
+        ("spec.template.spec.replicatedJobs[2].template.spec.parallelism", "FieldValueInvalid"),
+    ]
+    assert (
+        f'{rjs}[0].targetReplicatedJobs[1]: Invalid value: "node": its pods\' priorityClassName '
+        '"low" must match "high" of "init"'
+    ) in response["status"]["message"]
+    assert response["warnings"] == [f"{rjs}[2].schedulingPolicys: unknown field, ignored"]
 
 
 def trainjob_review(name: str = "trainjob-create.validate.json") -> dict[str, Any]:

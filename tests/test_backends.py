@@ -114,7 +114,10 @@ def test_a_runtime_whose_gangs_name_different_schedulers_is_rejected() -> None:
                                        {"targetReplicatedJobs": ["node"]}]},
     )  # fmt: skip
     (err,) = validate_runtime(rt).errors
-    assert err.path == "spec.scheduling.replicatedJobs" and "different schedulers" in str(err)
+    assert err.path == (
+        "spec.template.spec.replicatedJobs[1].template.spec.template.spec.schedulerName"
+    )
+    assert 'must match "volcano" of "init": one TrainJob\'s groups are made for one' in str(err)
 
 
 # --- admission --------------------------------------------------------------------------------

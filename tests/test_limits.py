@@ -152,6 +152,32 @@ def test_a_level_3_entry_counts_its_templates_before_building_them(replicas: int
     ]
 
 
+@pytest.mark.parametrize("replicas", [64, 100, INT32])
+def test_a_tree_counts_the_groups_it_does_not_build(replicas: int) -> None:
+    # A job entry without fields of its own puts one group per Job at the tree's root. Past
+    # the 64 leaves a tree holds they are not built; they used not to be counted either, and
+    # such a runtime was accepted.
+    raw = runtime(
+        rj("init"),
+        torch_node(replicas=replicas),
+        scheduling={
+            "schedulingConstraints": {"topology": [{"key": "topology.kubernetes.io/zone"}]},
+            "replicatedJobs": [
+                {"targetReplicatedJobs": ["init"]},
+                {"targetReplicatedJobs": ["node"], "job": {}},
+            ],
+        },
+    )
+    start = time.perf_counter()
+    found = messages(raw)
+    assert time.perf_counter() - start < 10  # milliseconds; building 2**31 groups takes hours
+    assert len(found) == 1 and found[0].startswith(
+        f"spec.scheduling.replicatedJobs: Too many: {replicas + 1} groups at the TrainJob level "
+        "of this tree, and a composite holds at most 8; it holds one per entry, and one per Job "
+        "of a job entry without fields of its own"
+    ), found
+
+
 def test_a_gang_per_job_of_a_replicated_job_without_jobs_is_rejected() -> None:
     # Found by the property tests: it rendered a Workload without templates.
     zero = runtime(

@@ -320,7 +320,7 @@ RULES = [
         # replicatedJobs list has one item, not 9).
         "spec.scheduling.replicatedJobs[0].job",
         ErrorType.TOO_MANY,
-        '9 PodGroup templates, and a Workload holds at most 8; a job entry makes one per Job, '
+        "9 PodGroup templates, and a Workload holds at most 8; a job entry makes one per Job, "
         'and "node" has replicas 9: lower its replicas, or remove job',
     ),
     Rule(
@@ -747,7 +747,164 @@ def test_garbage_is_a_field_error_not_a_crash() -> None:
         assert err.path == path and "must be an object" in str(err)
 
 
+# --- one mistake, one cause, at the item to fix -------------------------------------------------
+
+
+def gang_of(*jobs: Json) -> Json:
+    return runtime(*jobs, scheduling={})
+
+
+ONE_CAUSE = {
+    # JobSet's webhook: a target already taken by an earlier entry is that entry's only error.
+    "targeted-twice": (
+        two_jobs(entries(target("node"), target("node"))),
+        ["spec.scheduling.replicatedJobs[1].targetReplicatedJobs[0]"],
+    ),
+    "missing-target-then-same-group-name": (
+        runtime(rj("a"), rj("b"), scheduling=entries(target("a-b"), target("a", "b"))),
+        ["spec.scheduling.replicatedJobs[0].targetReplicatedJobs[0]"],
+    ),
+    "negative-parallelism-in-a-gang": (
+        gang_of(rj("eval", parallelism=-1)),
+        ["spec.template.spec.replicatedJobs[0].template.spec.parallelism"],
+    ),
+    "negative-replicas-in-a-gang": (
+        gang_of(rj("eval", replicas=-1)),
+        ["spec.template.spec.replicatedJobs[0].replicas"],
+    ),
+    "replicas-past-int32-in-a-gang": (
+        gang_of(rj("eval", replicas=2**31)),
+        ["spec.template.spec.replicatedJobs[0].replicas"],
+    ),
+    "replicas-past-int32-with-others": (
+        gang_of(rj("eval", replicas=2**31), torch_node(parallelism=5)),
+        ["spec.template.spec.replicatedJobs[0].replicas"],
+    ),
+    "negative-replicas-of-a-job-entry": (
+        runtime(torch_node(replicas=-1), scheduling=entries(target("node", job={}))),
+        ["spec.template.spec.replicatedJobs[0].replicas"],
+    ),
+    "replicas-past-int32-of-a-job-entry": (
+        runtime(torch_node(replicas=2**31), scheduling=entries(target("node", job={}))),
+        ["spec.template.spec.replicatedJobs[0].replicas"],
+    ),
+    # One odd ReplicatedJob out is the one named, not the two that agree.
+    "one-odd-priority-class-of-three": (
+        gang_of(
+            rj("init", priority_class="high"),
+            rj("eval", priority_class="low"),
+            torch_node(priority_class="high"),
+        ),
+        [pod_path(1, "priorityClassName")],
+    ),
+    # Named once, at its template, not once in its entry and again across entries.
+    "one-odd-scheduler-in-and-across-entries": (
+        runtime(
+            rj("init", scheduler="volcano"),
+            rj("eval"),
+            torch_node(),
+            scheduling=entries(target("init", "eval"), target("node")),
+        ),
+        [pod_path(0, "schedulerName")],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", ONE_CAUSE, ids=list(ONE_CAUSE))
+def test_one_mistake_gives_one_cause(case: str) -> None:
+    raw, paths = ONE_CAUSE[case]
+    assert [e.path for e in validate_runtime(raw).errors] == paths, [
+        str(e) for e in validate_runtime(raw).errors
+    ]
+
+
+def test_each_replicated_job_that_differs_is_named() -> None:
+    rt = runtime(
+        rj("a", priority_class="low"),
+        rj("b", priority_class="high"),
+        rj("c", priority_class="mid"),
+        rj("d", priority_class="low"),
+        scheduling=entries(target("a", "b", "c", "d")),
+    )
+    assert [str(e) for e in validate_runtime(rt).errors] == [
+        f'spec.scheduling.replicatedJobs[0].targetReplicatedJobs[{i}]: Invalid value: "{t}": '
+        f'its pods\' priorityClassName "{cls}" must match "low" of "a": pods of one PodGroup '
+        f'share one priorityClassName; give them the same one or put "{t}" in an entry of its '
+        "own"
+        for i, t, cls in ((1, "b", "high"), (2, "c", "mid"))
+    ]
+    unset = runtime(rj("init", scheduler="volcano"), torch_node(), scheduling={})
+    (err,) = validate_runtime(unset).errors
+    assert str(err) == (
+        f'{pod_path(1, "schedulerName")}: Invalid value: "default-scheduler": must match '
+        '"volcano" of "init": one TrainJob\'s groups are made for one scheduler (its gang '
+        "backend), so the pods of every scheduled ReplicatedJob name the same schedulerName"
+    )
+
+
+def test_an_overflow_names_each_replicated_job_of_its_group() -> None:
+    full = 2**31 - 1
+    pair = runtime(
+        rj("a", parallelism=full), rj("b", parallelism=full), scheduling=entries(target("a", "b"))
+    )
+    (err,) = validate_runtime(pair).errors
+    assert str(err) == (
+        'spec.scheduling.replicatedJobs[0].targetReplicatedJobs: Invalid value: ["a","b"]: '
+        f'together they run {2 * full} pods in one group ("a" {full}, "b" {full}), more than a '
+        f"PodGroup can count ({full}); lower replicas or parallelism, or split them into several "
+        "replicatedJobs entries"
+    )
+    whole = runtime(rj("a"), rj("b", parallelism=full), rj("c", parallelism=5), scheduling={})
+    (err,) = validate_runtime(whole).errors
+    assert err.path == "spec.scheduling"
+    assert f'they run {full + 6} pods in one group ("a" 1, "b" {full}, "c" 5)' in str(err)
+    # Only one of them runs pods: that one is the item to fix.
+    alone = runtime(rj("a", replicas=0), rj("b", replicas=2, parallelism=full), scheduling={})
+    (err,) = validate_runtime(alone).errors
+    assert str(err).startswith(
+        f'spec.template.spec.replicatedJobs[1]: Invalid value: "b": runs {2 * full} pods'
+    ), str(err)
+
+
+def test_a_gang_without_pods_points_at_the_count_that_is_0() -> None:
+    (err,) = validate_runtime(gang_of(rj("eval", replicas=0))).errors
+    assert str(err) == (
+        "spec.template.spec.replicatedJobs[0].replicas: Invalid value: 0: must be at least 1: "
+        '"eval" is in a gang, and a gang needs a pod to wait for; raise it, or make the gang '
+        "schedulingPolicy basic"
+    )
+    both = runtime(
+        rj("a", replicas=0), rj("b", parallelism=0), scheduling=entries(target("a", "b"))
+    )
+    (err,) = validate_runtime(both).errors
+    assert str(err) == (
+        'spec.scheduling.replicatedJobs[0].targetReplicatedJobs: Invalid value: ["a","b"]: a gang '
+        'needs at least one pod, but these ReplicatedJobs run none ("a" replicas 0, "b" '
+        "parallelism 0); raise one of them, or make the gang schedulingPolicy basic"
+    )
+
+
 # --- warnings ----------------------------------------------------------------------------------
+
+
+def test_a_denied_runtime_warns_only_of_unknown_fields() -> None:
+    # How a denied runtime would be scheduled is moot; a misspelt field may be why it is denied.
+    typo = runtime(
+        torch_node(),
+        rj("eval"),
+        scheduling={"replicatedJobs": [{"targetReplicatedJob": ["node"]}]},
+    )
+    verdict = validate_runtime(typo)
+    assert [e.path for e in verdict.errors] == [
+        "spec.scheduling.replicatedJobs[0].targetReplicatedJobs"
+    ]
+    assert verdict.warnings == (
+        "spec.scheduling.replicatedJobs[0].targetReplicatedJob: unknown field, ignored",
+    )
+    fixed = runtime(torch_node(), rj("eval"), scheduling=entries(target("node")))
+    assert validate_runtime(fixed).warnings == (
+        'scheduling: replicatedJob "eval" is not targeted; it gets default scheduling',
+    )
 
 
 def test_untargeted_replicated_job_warns() -> None:
@@ -899,6 +1056,18 @@ def test_template_cap_message_fits_the_level() -> None:
         *_many_rjs(9), scheduling=entries(*(target(f"job{i}") for i in range(9)))
     )
     assert [e.type for e in validate_runtime(nine_entries).errors] == [ErrorType.TOO_MANY]
+    # Entries and a job entry's Jobs together: the message counts templates, not entries.
+    mixed = runtime(
+        torch_node(replicas=4),
+        *_many_rjs(5),
+        scheduling=entries(target("node", job={}), *(target(f"job{i}") for i in range(5))),
+    )
+    (err,) = validate_runtime(mixed).errors
+    assert str(err) == (
+        "spec.scheduling.replicatedJobs: Too many: 9 PodGroup templates, and a Workload holds at "
+        'most 8; these entries make one each, and a job entry one per Job ("node" has replicas '
+        "4): merge entries or lower replicas"
+    )
 
 
 def test_default_scheduler_is_the_same_as_unset() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import functools
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
@@ -236,25 +237,26 @@ class _Builder:
     ) -> str | None:
         """Pods of one PodGroup must share priority and preemption policy (KEP-5710; their
         scheduler is checked runtime-wide, `_one_scheduler`); returns their priority class,
-        which the template copies. Each ReplicatedJob that differs from the group's first is
-        named, as JobSet does: at its entry's target, or at level 1 its pod template's field."""
+        which the template copies. Each ReplicatedJob that differs from what most share
+        (`_usual`) is named, as JobSet's webhook does: at its entry's target, or at level 1 its
+        pod template's field."""
         specs = {t: self.rjs[t].pod_spec for t in targets}
         fields: dict[str, dict[str, str]] = {
             "priorityClassName": {t: s.priority_class_name or "" for t, s in specs.items()},
             "preemptionPolicy": {t: s.preemption_policy or "" for t, s in specs.items()},
         }
-        first = targets[0]
         for what, values in fields.items():
-            expected = _quoted(values[first])
+            usual = _usual(values)
+            expected = _quoted(values[usual])
             for t, value in values.items():
-                if value == values[first]:
+                if value == values[usual]:
                     continue
                 if named is None:
                     self.errors.append(
                         fe.invalid(
                             self.pod_field(t, what),
                             value,
-                            f'must match {expected} of "{first}": the whole TrainJob is one '
+                            f'must match {expected} of "{usual}": the whole TrainJob is one '
                             f"PodGroup, whose pods share one {what}; give them the same one or "
                             "group them with spec.scheduling.replicatedJobs entries",
                         )
@@ -265,11 +267,11 @@ class _Builder:
                             named[t],
                             t,
                             f"its pods' {what} {_quoted(value)} must match {expected} of "
-                            f'"{first}": pods of one PodGroup share one {what}; give them the '
+                            f'"{usual}": pods of one PodGroup share one {what}; give them the '
                             f'same one or put "{t}" in an entry of its own',
                         )
                     )
-        return fields["priorityClassName"][first] or None
+        return fields["priorityClassName"][targets[0]] or None
 
 
 def pod_field(index: int, name: str) -> Path:
@@ -391,22 +393,30 @@ def _one_scheduler(b: _Builder) -> list[FieldError]:
     """One TrainJob's groups are made for one scheduler (its gang backend): each scheduled
     ReplicatedJob whose pods name another than the first's is named at its pod template's
     schedulerName, the only place where that can be fixed."""
-    targets = list(dict.fromkeys(t for g in b.groups for t in g.targets))
-    if not targets:
+    schedulers = {t: b.rjs[t].scheduler for g in b.groups for t in g.targets}
+    if not schedulers:
         return []
-    first = targets[0]
-    expected = b.rjs[first].scheduler
+    usual = _usual(schedulers)
+    expected = schedulers[usual]
     return [
         fe.invalid(
             b.pod_field(t, "schedulerName"),
-            b.rjs[t].scheduler,
-            f'must match "{expected}" of "{first}": one TrainJob\'s groups are made for one '
+            scheduler,
+            f'must match "{expected}" of "{usual}": one TrainJob\'s groups are made for one '
             "scheduler (its gang backend), so the pods of every scheduled ReplicatedJob name "
             "the same schedulerName",
         )
-        for t in targets
-        if b.rjs[t].scheduler != expected
+        for t, scheduler in schedulers.items()
+        if scheduler != expected
     ]
+
+
+def _usual(values: Mapping[str, str]) -> str:
+    """The first name whose value most of `values` share: those that differ from it are named,
+    so one odd ReplicatedJob out is one error (with two, the second is the odd one, as in
+    JobSet's webhook)."""
+    most = Counter(values.values()).most_common(1)[0][0]  # the first seen, on a tie
+    return next(name for name, value in values.items() if value == most)
 
 
 def is_multi_level(scheduling: Scheduling) -> bool:
