@@ -391,7 +391,7 @@ def _templates_error(count: int, split: bool, b: _Builder) -> FieldError:
 
 def _one_scheduler(b: _Builder) -> list[FieldError]:
     """One TrainJob's groups are made for one scheduler (its gang backend): each scheduled
-    ReplicatedJob whose pods name another than the first's is named at its pod template's
+    ReplicatedJob whose pods name another than most (`_usual`) is named at its pod template's
     schedulerName, the only place where that can be fixed."""
     schedulers = {t: b.rjs[t].scheduler for g in b.groups for t in g.targets}
     if not schedulers:

@@ -163,22 +163,22 @@ def _size_errors(runtime: Runtime, layout: Layout) -> list[FieldError]:
     ml = runtime.spec.ml_policy
     if ml is not None and ml.num_nodes is not None:
         errs += int32_errors(Path("spec", "mlPolicy", "numNodes"), ml.num_nodes)
+    rjs = runtime.replicated_jobs
+    index = {rj.name: i for i, rj in enumerate(rjs)}  # the last of a duplicated name, as layout
     for group in layout.groups:
         if miscounted.intersection(group.targets):
             continue
-        pods = {
-            rj.name: counted_pods(group, runtime, rj, 1)
-            for rj in runtime.replicated_jobs
-            if rj.name in group.targets
-        }
+        pods = {t: counted_pods(group, runtime, rjs[index[t]], 1) for t in group.targets}
         if sum(pods.values()) > MAX_INT32:
-            errs.append(_overflow_error(group, runtime, pods))
+            errs.append(_overflow_error(group, runtime, index, pods))
         if group.policy == "gang" and group.counted and group_size(group, runtime, 1).min_count < 1:
-            errs.append(_no_pod_error(group, runtime))  # (no counted target: a cycle, said)
+            errs.append(_no_pod_error(group, runtime, index))  # (none counted: a cycle, said)
     return errs
 
 
-def _overflow_error(group: GroupLayout, runtime: Runtime, pods: dict[str, int]) -> FieldError:
+def _overflow_error(
+    group: GroupLayout, runtime: Runtime, index: dict[str, int], pods: dict[str, int]
+) -> FieldError:
     """A group past a PodGroup's int32, said of the one ReplicatedJob that fills it, else of
     the group, naming each ReplicatedJob with its pods."""
     total = sum(pods.values())
@@ -187,7 +187,7 @@ def _overflow_error(group: GroupLayout, runtime: Runtime, pods: dict[str, int]) 
     if len(running) == 1:
         (name,) = running
         return fe.invalid(
-            REPLICATED_JOBS.index(_index(runtime, name)),
+            REPLICATED_JOBS.index(index[name]),
             name,
             f"runs {total} pods in one group, {limit}",
         )
@@ -202,12 +202,12 @@ def _overflow_error(group: GroupLayout, runtime: Runtime, pods: dict[str, int]) 
     )
 
 
-def _no_pod_error(group: GroupLayout, runtime: Runtime) -> FieldError:
+def _no_pod_error(group: GroupLayout, runtime: Runtime, index: dict[str, int]) -> FieldError:
     """A gang none of whose counted ReplicatedJobs runs a pod, said at the count that is 0 (of
     each, when there are several)."""
-    zero = {}
+    zero: dict[str, tuple[Path, str]] = {}
     for name in group.counted:
-        i = _index(runtime, name)
+        i = index[name]
         rj = runtime.replicated_jobs[i]
         if rj.replica_count == 0:
             zero[name] = (REPLICATED_JOBS.index(i).child("replicas"), "replicas")
@@ -231,11 +231,6 @@ def _no_pod_error(group: GroupLayout, runtime: Runtime) -> FieldError:
         f"a gang needs at least one pod, but these ReplicatedJobs run none ({each}); raise one "
         "of them, or make the gang schedulingPolicy basic",
     )
-
-
-def _index(runtime: Runtime, name: str) -> int:
-    """Where a ReplicatedJob is in the template (the last of a duplicated name, as the layout)."""
-    return max(i for i, rj in enumerate(runtime.replicated_jobs) if rj.name == name)
 
 
 def _group_path(group: GroupLayout, runtime: Runtime) -> Path:
