@@ -104,6 +104,31 @@ def test_trainjob_of_an_invalid_runtime_gets_no_objects() -> None:
     assert 'spec.runtimeRef.name: Not found: "torch-distributed"' in err
 
 
+def test_a_runtime_admission_would_refuse_gets_its_trainjob_no_objects(tmp_path: Path) -> None:
+    """A ReplicatedJob name over Trainer's cap is refused only when a runtime is created (one
+    stored before the cap stays usable): `plan` judges a runtime from a file as a new one, so
+    `plan | kubectl apply -f -` never makes objects for a runtime the cluster would refuse."""
+    runtime = yaml.safe_load((SAMPLES / "torch-distributed.runtime.yaml").read_text())
+    (node,) = runtime["spec"]["template"]["spec"]["replicatedJobs"]
+    node["name"] = "node-with-a-long-name"  # 21 characters: one over the cap
+    path = tmp_path / "long-name.runtime.yaml"
+    path.write_text(yaml.safe_dump(runtime))
+    code, objects, err = plan("torch-100-nodes.trainjob.yaml", str(path))
+    assert code == 1 and objects == [], objects
+    runtime_said, name_error, *trainjob_said = err.splitlines()
+    assert runtime_said == 'error: ClusterTrainingRuntime "torch-distributed" is invalid:'
+    assert name_error.startswith("  * spec.template.spec.replicatedJobs[0].name: Too long: ")
+    assert trainjob_said == [
+        'error: TrainJob "my-job" is invalid:',
+        '  * spec.runtimeRef.name: Invalid value: "torch-distributed": the '
+        "ClusterTrainingRuntime in the given files is invalid (see above); fix it first",
+    ]
+    node["name"] = "node-with-a-long-nam"  # at the cap: planned
+    path.write_text(yaml.safe_dump(runtime))
+    code, objects, err = plan("torch-100-nodes.trainjob.yaml", str(path))
+    assert code == 0 and [o["kind"] for o in objects] == ["Workload", "PodGroup"], err
+
+
 def test_unreadable_input_is_a_usage_error(tmp_path: Path) -> None:
     code, _, err = plan(str(tmp_path / "missing.yaml"))
     assert code == 2 and "cannot read" in err
