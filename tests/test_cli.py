@@ -242,3 +242,19 @@ def test_plan_with_nodes_says_whether_each_gang_could_ever_fit(tmp_path: Path) -
     code, _, err = plan("torch-100-nodes.trainjob.yaml", "torch-distributed.runtime.yaml",
                         "--nodes", str(path))  # fmt: skip
     assert code == 2 and err == f"error: {path}: expected Nodes (kubectl get nodes -o yaml)\n"
+
+
+def test_usage_names_the_command_as_it_was_started(tmp_path: Path) -> None:
+    """`--help` and usage errors say how the user called it: the console script's name (also
+    through a link of another name), `python -m webhook`, or the kubectl plugin."""
+    scripts = Path(sys.executable).parent  # this virtualenv's console scripts (make setup)
+    link = tmp_path / "tsw"
+    link.symlink_to(scripts / "trainjob-scheduling-webhook")
+    for command, usage in (
+        ([str(scripts / "trainjob-scheduling-webhook"), "--help"], "trainjob-scheduling-webhook"),
+        ([str(link), "plan"], "tsw plan"),
+        ([sys.executable, "-m", "webhook", "--help"], "python -m webhook"),
+        ([str(scripts / "kubectl-trainjob_scheduling"), "--help"], "kubectl trainjob-scheduling"),
+    ):
+        done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+        assert (done.stdout or done.stderr).startswith(f"usage: {usage} "), done

@@ -681,7 +681,15 @@ def kubectl_plugin(argv: Sequence[str] | None = None) -> int:
     return main(argv, prog="kubectl trainjob-scheduling")
 
 
-def main(argv: Sequence[str] | None = None, prog: str = "python -m webhook") -> int:
+def started_as(argv0: str) -> str:
+    """The command's name in usage lines: what it was started by (a console script's name),
+    or `python -m webhook` when run as a module."""
+    name = os.path.basename(argv0)
+    return "python -m webhook" if name in ("", "__main__.py", "-c", "-m") else name
+
+
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
+    prog = prog or started_as(sys.argv[0] if sys.argv else "")
     arguments = list(sys.argv[1:] if argv is None else argv)
     try:
         config = load_config(arguments) if arguments[:1] == ["serve"] else {}
