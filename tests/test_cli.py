@@ -129,6 +129,33 @@ def test_a_runtime_admission_would_refuse_gets_its_trainjob_no_objects(tmp_path:
     assert code == 0 and [o["kind"] for o in objects] == ["Workload", "PodGroup"], err
 
 
+def test_plan_says_what_admission_warns_of_requests_without_limits(tmp_path: Path) -> None:
+    """The sample before its fix (GPUs requested without a limit), and a runtime whose sidecar
+    does the same: `plan` prints the warnings admission gives, as whole sentences, and still
+    the objects (warnings do not stop an apply)."""
+    trainjob = yaml.safe_load((SAMPLES / "torch-100-nodes.trainjob.yaml").read_text())
+    del trainjob["spec"]["trainer"]["resourcesPerNode"]["limits"]
+    runtime = yaml.safe_load((SAMPLES / "torch-distributed.runtime.yaml").read_text())
+    pod = runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]
+    pod["template"]["spec"]["containers"].append(
+        {"name": "rdma", "resources": {"requests": {"rdma/ib": 1}, "limits": {"rdma/ib": 2}}}
+    )
+    path = tmp_path / "both.yaml"
+    path.write_text(yaml.safe_dump_all([trainjob, runtime]))
+    code, objects, err = plan(str(path))
+    assert code == 0 and [o["kind"] for o in objects] == ["Workload", "PodGroup"], err
+    assert err.splitlines() == [
+        "Warning: spec.template.spec.replicatedJobs[0].template.spec.template.spec.containers[1]"
+        ".resources.requests[rdma/ib]: requests 1 but limits 2; the API server refuses pods whose "
+        "request for an extended resource differs from its limit, so its TrainJobs would create "
+        "no pods: set its limits[rdma/ib] to 1",
+        "Warning: spec.trainer.resourcesPerNode.requests[nvidia.com/gpu]: requests 4 without a "
+        "limit; the API server refuses pods that request an extended resource without an equal "
+        "limit, so the TrainJob would create no pods: set "
+        "spec.trainer.resourcesPerNode.limits[nvidia.com/gpu] to 4",
+    ]
+
+
 def test_unreadable_input_is_a_usage_error(tmp_path: Path) -> None:
     code, _, err = plan(str(tmp_path / "missing.yaml"))
     assert code == 2 and "cannot read" in err

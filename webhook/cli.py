@@ -19,6 +19,7 @@ import yaml
 from .backends.base import GangBackend
 from .backends.volcano import VolcanoSettings, parse_tiers
 from .core import errors as fe
+from .core import overcommit
 from .core.errors import Path
 from .core.fields import parse
 from .core.trainer import NAMESPACED_RUNTIME_KIND, RUNTIME_KINDS, Runtime, TrainJob
@@ -141,7 +142,11 @@ def plan_command(
         layout, verdict = (
             (None, Verdict(tuple(errs))) if runtime is None else runtime_layout(runtime)
         )
-        valid = _report(doc["kind"], _name(doc), verdict, err)
+        said = verdict
+        if runtime is not None and verdict.allowed:  # as admission warns
+            unpodded = map(overcommit.sentence, overcommit.runtime_warnings(runtime))
+            said = Verdict((), (*verdict.warnings, *unpodded))
+        valid = _report(doc["kind"], _name(doc), said, err)
         ok = valid and ok
         meta = doc.get("metadata")
         namespace = meta.get("namespace") if isinstance(meta, dict) else None
@@ -174,6 +179,8 @@ def plan_command(
             ok = False
             continue
         assert checked is not None
+        for clauses in overcommit.trainjob_warnings(trainjob, None):  # the runtime's: said above
+            print(f"Warning: {overcommit.sentence(clauses)}", file=err)
         plan = build_plan(trainjob, checked)
         if plan is None:
             print(
