@@ -6,6 +6,7 @@ the pod path, which builds its one-operation patch directly (tests prove it equa
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -206,8 +207,7 @@ def validate_trainjob_review(review: Review, cache: Cache) -> Decision:
     if old is not None or runtime is None:
         return Decision(warnings=unpodded)  # an update is never blocked by its gang's scheduler
     decision = _gang_verdict(review, trainjob, runtime, cache)
-    decision.warnings[:0] = unpodded
-    return decision
+    return dataclasses.replace(decision, warnings=[*unpodded, *decision.warnings])
 
 
 def _said(warnings: list[overcommit.Said]) -> list[str]:
