@@ -247,9 +247,9 @@ def _event(line: bytes) -> dict[str, Any]:
 
 def too_large_resource_version(err: ApiException) -> bool:
     """Whether the API server's cache has not reached the resourceVersion asked for yet: its
-    Status has the cause ResourceVersionTooLarge (a 504 Timeout, or a 500 when it comes through
-    a path that loses the status), or, before Kubernetes 1.18.6, only says so in its message.
-    As client-go's reflector tells it."""
+    Status (a 504 Timeout; a real API server was also seen to send it as a 500) has the cause
+    ResourceVersionTooLarge, or, before Kubernetes 1.18.6, only says so in its message. As
+    client-go's reflector tells it."""
     try:
         status = orjson.loads(err.body) if isinstance(err.body, str | bytes) and err.body else {}
     except orjson.JSONDecodeError:
