@@ -447,6 +447,7 @@ class VersionedEmulator(KubernetesEmulator):
 
     _rv: int = attrs.field(default=0, init=False)
     _compacted: int = attrs.field(default=0, init=False)
+    _watch_cache_at: int | None = attrs.field(default=None, init=False)
     _journal: list[_Event] = attrs.field(factory=list, init=False)
     # Set (and replaced) on every change. An Event rather than a Condition: on Python 3.11,
     # wait_for() cancelling Condition.wait() can lose the lock and wedge the watch handler.
@@ -476,6 +477,12 @@ class VersionedEmulator(KubernetesEmulator):
     def compact(self) -> None:
         """Forget the history so far: a watch from any version before now gets 410 Gone."""
         self._compacted = self._rv
+
+    def lag_watch_cache(self, at: int | None) -> None:
+        """As after an API server restart: its watch cache has reached only version `at` (None:
+        caught up), so a watch from a later version gets "Too large resource version" (at once:
+        the API server first waits up to 3 s for its cache)."""
+        self._watch_cache_at = at
 
     def drop_watches(self) -> int:
         """Cut the TCP connections of all open watches (the client sees a broken stream)."""
@@ -575,6 +582,9 @@ class VersionedEmulator(KubernetesEmulator):
                 position = len(self._journal)
             elif not since.isdigit() or int(since) < self._compacted:
                 yield expired_event(since, self._compacted)
+                return
+            elif self._watch_cache_at is not None and int(since) > self._watch_cache_at:
+                yield too_large_event(since, self._watch_cache_at)
                 return
             else:
                 initial = []
@@ -850,6 +860,16 @@ def expired_event(since: str = "1", oldest: int = 2) -> Json:
     """The watch event the API server sends for a resourceVersion it no longer has."""
     message = f"too old resource version: {since} ({oldest})"
     return {"type": "ERROR", "object": status_object(410, "Expired", message)}
+
+
+def too_large_event(since: str, current: int, code: int = 504) -> Json:
+    """The watch event the API server sends for a resourceVersion its watch cache has not
+    reached: a Timeout with the cause ResourceVersionTooLarge (apiserver's
+    storage.NewTooLargeResourceVersionError); `code` 500 as when a path loses the 504."""
+    message = f"Timeout: Too large resource version: {since}, current: {current}"
+    cause = {"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}
+    details = {"causes": [cause], "retryAfterSeconds": 1}
+    return {"type": "ERROR", "object": status_object(code, "Timeout", message, details)}
 
 
 def status(code: int, message: str | None = None, reason: str | None = None) -> Response:

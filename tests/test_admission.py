@@ -70,7 +70,28 @@ EXPECTED_PATCHES: dict[str, list[dict[str, Any]]] = {
 LAUNCHER_WARNING = (
     'scheduling: "launcher" starts after "node": it joins its gang later, outside minCount'
 )
-EXPECTED_WARNINGS = {"clustertrainingruntime-create-level2.validate.json": [LAUNCHER_WARNING]}
+
+
+def gpus_without_a_limit(gpus: int) -> list[str]:
+    """What kubectl prints (each after `Warning: `) for a TrainJob whose GPUs have no limit: the
+    captured TrainJobs are written so, and Trainer would copy it to pods the API server refuses.
+    Cut at clause ends into lines of at most 120 characters (was-api's limit for a warning)."""
+    return [
+        f"spec.trainer.resourcesPerNode.requests[nvidia.com/gpu]: requests {gpus} without a limit;",
+        "... the API server refuses pods that request an extended resource without an equal limit,",
+        "... so the TrainJob would create no pods: set "
+        f"spec.trainer.resourcesPerNode.limits[nvidia.com/gpu] to {gpus}",
+    ]
+
+
+EXPECTED_WARNINGS = {
+    "clustertrainingruntime-create-level2.validate.json": [LAUNCHER_WARNING],
+    **{f"trainjob-create.{verb}.json": gpus_without_a_limit(4) for verb in ("mutate", "validate")},
+    **{
+        f"trainjob-create-dry-run.{verb}.json": gpus_without_a_limit(8)
+        for verb in ("mutate", "validate")
+    },
+}
 
 
 @pytest.fixture(scope="module")
@@ -405,3 +426,153 @@ def test_pod_group_of_a_trainjob_gets_min_count_over_https(client: httpx.Client)
     response = send(client, "/mutate-scheduling-k8s-io-v1beta1-podgroup", review)
     assert patch_of(response) is None
     assert response["warnings"][0].startswith("minCount not defaulted: owner uid 0000")
+
+
+# --- requests the API server refuses without an equal limit: said at apply -----------------------
+
+TRAINJOB_PATH = "/validate-trainer-kubeflow-org-v1alpha1-trainjob"
+RUNTIME_PATH = "/validate-trainer-kubeflow-org-v1alpha1-clustertrainingruntime"
+
+
+def with_resources_per_node(name: str, per_node: dict[str, Any]) -> dict[str, Any]:
+    review = trainjob_review(name)
+    review["request"]["object"]["spec"]["trainer"]["resourcesPerNode"] = per_node
+    return review
+
+
+@pytest.mark.parametrize(
+    ("per_node", "expected"),
+    [
+        # A limit equal to the request (as a quantity), or a limit alone: runs.
+        ({"requests": {"nvidia.com/gpu": 4}, "limits": {"nvidia.com/gpu": "4000m"}}, []),
+        ({"limits": {"nvidia.com/gpu": 4}}, []),
+        # cpu, memory and kubernetes.io names may be requested without a limit.
+        ({"requests": {"cpu": "8", "memory": "64Gi", "example.kubernetes.io/thing": 1}}, []),
+        (
+            {"requests": {"nvidia.com/gpu": 8}, "limits": {"nvidia.com/gpu": 4}},
+            [
+                "spec.trainer.resourcesPerNode.requests[nvidia.com/gpu]: requests 8 but limits 4;",
+                "... the API server refuses pods whose request for an extended resource differs "
+                "from its limit,",
+                "... so the TrainJob would create no pods: set "
+                "spec.trainer.resourcesPerNode.limits[nvidia.com/gpu] to 8",
+            ],
+        ),
+        (  # hugepages-* are native, but may not be overcommitted either
+            {"requests": {"cpu": "1", "hugepages-2Mi": "1Gi"}},
+            [
+                "spec.trainer.resourcesPerNode.requests[hugepages-2Mi]: requests 1Gi without a "
+                "limit;",
+                "... the API server refuses pods that request huge pages without an equal limit,",
+                "... so the TrainJob would create no pods: set "
+                "spec.trainer.resourcesPerNode.limits[hugepages-2Mi] to 1Gi",
+            ],
+        ),
+    ],
+    ids=["equal", "limit-alone", "native", "unequal", "hugepages"],
+)
+def test_a_trainjob_whose_pods_the_api_server_would_refuse_is_warned_at_apply(
+    client: httpx.Client, per_node: dict[str, Any], expected: list[str]
+) -> None:
+    """The captured TrainJob CREATE with its resourcesPerNode changed, over HTTPS: allowed, and
+    the warnings are what kubectl prints after `Warning: `, each within 120 characters."""
+    review = with_resources_per_node("trainjob-create.validate.json", per_node)
+    response = send(client, TRAINJOB_PATH, review)
+    assert response["allowed"] is True, response
+    assert response.get("warnings", []) == expected
+    assert all(len(line) <= 120 for line in expected)
+
+
+def test_an_update_is_warned_only_when_it_changes_resources_per_node(
+    client: httpx.Client,
+) -> None:
+    """Suspending the captured TrainJob (its GPUs still without a limit) says nothing again; an
+    update that changes resourcesPerNode is judged like a CREATE."""
+    review = trainjob_review("trainjob-update-suspend.validate.json")
+    assert send(client, TRAINJOB_PATH, review).get("warnings", []) == []
+    review["request"]["object"]["spec"]["trainer"]["resourcesPerNode"] = {
+        "requests": {"nvidia.com/gpu": 8}
+    }
+    assert send(client, TRAINJOB_PATH, review)["warnings"] == gpus_without_a_limit(8)
+
+
+def gpu_runtime() -> dict[str, Any]:
+    """The captured level-1 runtime, its trainer container asking for a GPU and a sidecar for an
+    RDMA device, both without limits."""
+    review = fixture("clustertrainingruntime-create-level1.validate.json")
+    pod = review["request"]["object"]["spec"]["template"]["spec"]["replicatedJobs"][0]
+    pod = pod["template"]["spec"]["template"]["spec"]
+    pod["containers"][0]["resources"] = {"requests": {"nvidia.com/gpu": 1}}
+    pod["initContainers"] = [
+        {"name": "rdma", "restartPolicy": "Always", "resources": {"requests": {"rdma/ib": 1}}}
+    ]
+    return review
+
+
+RUNTIME_CONTAINER = "spec.template.spec.replicatedJobs[0].template.spec.template.spec"
+REFUSED = "the API server refuses pods that request an extended resource without an equal limit,"
+
+
+def test_a_runtime_whose_pods_the_api_server_would_refuse_is_warned_at_apply(
+    client: httpx.Client,
+) -> None:
+    response = send(client, RUNTIME_PATH, gpu_runtime())
+    assert response["allowed"] is True, response
+    assert response["warnings"] == [
+        f"{RUNTIME_CONTAINER}.containers[0].resources.requests[nvidia.com/gpu]:",
+        f"... requests 1 without a limit; {REFUSED}",
+        "... so its TrainJobs without resourcesPerNode would create no pods: set its "
+        "limits[nvidia.com/gpu] to 1",
+        f"{RUNTIME_CONTAINER}.initContainers[0].resources.requests[rdma/ib]:",
+        f"... requests 1 without a limit; {REFUSED}",
+        "... so its TrainJobs would create no pods: set its limits[rdma/ib] to 1",
+    ]
+
+
+def test_a_trainjob_of_such_a_runtime_is_warned_for_the_containers_it_keeps(
+    tmp_path: Path,
+) -> None:
+    """Trainer replaces the trainer container's resources with resourcesPerNode: a TrainJob
+    that sets it (with its limits) is warned only of the runtime's sidecar."""
+    cache = fixture_cache()
+    cache.cluster_runtimes.replace([gpu_runtime()["request"]["object"]])
+    sidecar = [
+        'ClusterTrainingRuntime "torch-distributed":',
+        f"... {RUNTIME_CONTAINER}.initContainers[0].resources.requests[rdma/ib]:",
+        f"... requests 1 without a limit; {REFUSED}",
+        "... so the TrainJob would create no pods: set its limits[rdma/ib] to 1 in the runtime",
+    ]
+    with running_server(cache, tmp_path / "certs") as srv, srv.client() as c:
+        kept = with_resources_per_node(
+            "trainjob-create.validate.json",
+            {"requests": {"nvidia.com/gpu": 4}, "limits": {"nvidia.com/gpu": 4}},
+        )
+        assert send(c, TRAINJOB_PATH, kept)["warnings"] == sidecar
+        review = trainjob_review()
+        del review["request"]["object"]["spec"]["trainer"]["resourcesPerNode"]
+        assert send(c, TRAINJOB_PATH, review)["warnings"] == [
+            'ClusterTrainingRuntime "torch-distributed":',
+            f"... {RUNTIME_CONTAINER}.containers[0].resources.requests[nvidia.com/gpu]:",
+            f"... requests 1 without a limit; {REFUSED}",
+            "... so the TrainJob would create no pods: set its limits[nvidia.com/gpu] to 1 in the "
+            "runtime",
+            *sidecar,
+        ]
+
+
+def test_many_requests_without_limits_give_a_few_warnings(client: httpx.Client) -> None:
+    """Hostile input: 200 containers of 20 unlimited extended resources each are read only as
+    far as the bounds allow and said in a few warnings, the last saying there are more."""
+    review = fixture("clustertrainingruntime-create-level1.validate.json")
+    pod = review["request"]["object"]["spec"]["template"]["spec"]["replicatedJobs"][0]
+    requests = {f"example.com/device-{i}": 1 for i in range(20)}
+    pod["template"]["spec"]["template"]["spec"]["containers"] = [
+        {"name": f"c{i}", "resources": {"requests": requests}} for i in range(200)
+    ]
+    said = send(client, RUNTIME_PATH, review)["warnings"]
+    assert len(said) == 10 and all(len(line) <= 120 for line in said)
+    assert said[0] == f"{RUNTIME_CONTAINER}.containers[0].resources.requests[example.com/device-0]:"
+    assert said[-1] == (
+        "more requests than these 3 lack an equal limit; fix these, then apply again to see the "
+        "rest"
+    )

@@ -68,7 +68,10 @@ MiB = 2**20
 
 
 def container(name: str, **requests: str) -> Json:
-    return {"name": name, "image": "example/trainer:latest", "resources": {"requests": requests}}
+    """Its extended resources (GPUs) get an equal limit: the API server refuses them without."""
+    limits = {k: v for k, v in requests.items() if "/" in k}
+    resources = {"requests": requests, "limits": limits} if limits else {"requests": requests}
+    return {"name": name, "image": "example/trainer:latest", "resources": resources}
 
 
 def mpi_runtime(*, deferred: bool = False, name: str = "mpi-volcano") -> Json:
@@ -116,7 +119,8 @@ def mpi_runtime(*, deferred: bool = False, name: str = "mpi-volcano") -> Json:
 def mpi_trainjob(num_nodes: int = 4, *, runtime: str = "mpi-volcano", **meta: Any) -> Json:
     tj = trainjob(NAME, namespace=NS, runtime_name=runtime, num_nodes=num_nodes)
     tj["spec"]["trainer"]["resourcesPerNode"] = {
-        "requests": {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": "4"}
+        "requests": {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": "4"},
+        "limits": {"nvidia.com/gpu": "4"},  # the API server refuses GPUs without an equal limit
     }
     tj["metadata"].update(meta)
     return tj

@@ -104,6 +104,58 @@ def test_trainjob_of_an_invalid_runtime_gets_no_objects() -> None:
     assert 'spec.runtimeRef.name: Not found: "torch-distributed"' in err
 
 
+def test_a_runtime_admission_would_refuse_gets_its_trainjob_no_objects(tmp_path: Path) -> None:
+    """A ReplicatedJob name over Trainer's cap is refused only when a runtime is created (one
+    stored before the cap stays usable): `plan` judges a runtime from a file as a new one, so
+    `plan | kubectl apply -f -` never makes objects for a runtime the cluster would refuse."""
+    runtime = yaml.safe_load((SAMPLES / "torch-distributed.runtime.yaml").read_text())
+    (node,) = runtime["spec"]["template"]["spec"]["replicatedJobs"]
+    node["name"] = "node-with-a-long-name"  # 21 characters: one over the cap
+    path = tmp_path / "long-name.runtime.yaml"
+    path.write_text(yaml.safe_dump(runtime))
+    code, objects, err = plan("torch-100-nodes.trainjob.yaml", str(path))
+    assert code == 1 and objects == [], objects
+    runtime_said, name_error, *trainjob_said = err.splitlines()
+    assert runtime_said == 'error: ClusterTrainingRuntime "torch-distributed" is invalid:'
+    assert name_error.startswith("  * spec.template.spec.replicatedJobs[0].name: Too long: ")
+    assert trainjob_said == [
+        'error: TrainJob "my-job" is invalid:',
+        '  * spec.runtimeRef.name: Invalid value: "torch-distributed": the '
+        "ClusterTrainingRuntime in the given files is invalid (see above); fix it first",
+    ]
+    node["name"] = "node-with-a-long-nam"  # at the cap: planned
+    path.write_text(yaml.safe_dump(runtime))
+    code, objects, err = plan("torch-100-nodes.trainjob.yaml", str(path))
+    assert code == 0 and [o["kind"] for o in objects] == ["Workload", "PodGroup"], err
+
+
+def test_plan_says_what_admission_warns_of_requests_without_limits(tmp_path: Path) -> None:
+    """The sample before its fix (GPUs requested without a limit), and a runtime whose sidecar
+    does the same: `plan` prints the warnings admission gives, as whole sentences, and still
+    the objects (warnings do not stop an apply)."""
+    trainjob = yaml.safe_load((SAMPLES / "torch-100-nodes.trainjob.yaml").read_text())
+    del trainjob["spec"]["trainer"]["resourcesPerNode"]["limits"]
+    runtime = yaml.safe_load((SAMPLES / "torch-distributed.runtime.yaml").read_text())
+    pod = runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]
+    pod["template"]["spec"]["containers"].append(
+        {"name": "rdma", "resources": {"requests": {"rdma/ib": 1}, "limits": {"rdma/ib": 2}}}
+    )
+    path = tmp_path / "both.yaml"
+    path.write_text(yaml.safe_dump_all([trainjob, runtime]))
+    code, objects, err = plan(str(path))
+    assert code == 0 and [o["kind"] for o in objects] == ["Workload", "PodGroup"], err
+    assert err.splitlines() == [
+        "Warning: spec.template.spec.replicatedJobs[0].template.spec.template.spec.containers[1]"
+        ".resources.requests[rdma/ib]: requests 1 but limits 2; the API server refuses pods whose "
+        "request for an extended resource differs from its limit, so its TrainJobs would create "
+        "no pods: set its limits[rdma/ib] to 1",
+        "Warning: spec.trainer.resourcesPerNode.requests[nvidia.com/gpu]: requests 4 without a "
+        "limit; the API server refuses pods that request an extended resource without an equal "
+        "limit, so the TrainJob would create no pods: set "
+        "spec.trainer.resourcesPerNode.limits[nvidia.com/gpu] to 4",
+    ]
+
+
 def test_unreadable_input_is_a_usage_error(tmp_path: Path) -> None:
     code, _, err = plan(str(tmp_path / "missing.yaml"))
     assert code == 2 and "cannot read" in err
@@ -217,3 +269,19 @@ def test_plan_with_nodes_says_whether_each_gang_could_ever_fit(tmp_path: Path) -
     code, _, err = plan("torch-100-nodes.trainjob.yaml", "torch-distributed.runtime.yaml",
                         "--nodes", str(path))  # fmt: skip
     assert code == 2 and err == f"error: {path}: expected Nodes (kubectl get nodes -o yaml)\n"
+
+
+def test_usage_names_the_command_as_it_was_started(tmp_path: Path) -> None:
+    """`--help` and usage errors say how the user called it: the console script's name (also
+    through a link of another name), `python -m webhook`, or the kubectl plugin."""
+    scripts = Path(sys.executable).parent  # this virtualenv's console scripts (make setup)
+    link = tmp_path / "tsw"
+    link.symlink_to(scripts / "trainjob-scheduling-webhook")
+    for command, usage in (
+        ([str(scripts / "trainjob-scheduling-webhook"), "--help"], "trainjob-scheduling-webhook"),
+        ([str(link), "plan"], "tsw plan"),
+        ([sys.executable, "-m", "webhook", "--help"], "python -m webhook"),
+        ([str(scripts / "kubectl-trainjob_scheduling"), "--help"], "kubectl trainjob-scheduling"),
+    ):
+        done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+        assert (done.stdout or done.stderr).startswith(f"usage: {usage} "), done

@@ -31,7 +31,10 @@ def pod(job: Json, **spec: Any) -> Json:
 
 
 def container(name: str, **requests: Any) -> Json:
-    return {"name": name, "image": "x", "resources": {"requests": requests}}
+    """Its extended resources (GPUs) get an equal limit: the API server refuses them without."""
+    limits = {k: v for k, v in requests.items() if "/" in k}
+    resources = {"requests": requests, "limits": limits} if limits else {"requests": requests}
+    return {"name": name, "image": "x", "resources": resources}
 
 
 def gpu_node(gpus: int = 4, **spec: Any) -> Json:

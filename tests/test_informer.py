@@ -13,6 +13,7 @@ import base64
 import contextlib
 import copy
 import json
+import logging
 import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -23,6 +24,7 @@ import httpx
 import kmock
 import pytest
 from kmock._internal.rendering import Response
+from kubernetes.aio.client.exceptions import ApiException
 
 from tests.harness import ServerProcess, fixture, make_certs, server_process, webhook_path
 from tests.kube_emulator import (
@@ -47,13 +49,20 @@ from tests.kube_emulator import (
     plain_emulator,
     status,
     status_object,
+    too_large_event,
 )
 from tests.nodes import node
 from webhook.core.nodes import NodeSummary
 from webhook.core.plan import pod_group_for_labels
 from webhook.kube import client as kube_client
 from webhook.kube.cache import Cache, Store
-from webhook.kube.informer import Informer, Resource
+from webhook.kube.informer import (
+    TRANSIENT_RETRIES,
+    TRANSIENT_SECONDS,
+    Informer,
+    Resource,
+    too_large_resource_version,
+)
 
 POD_GROUP = "my-job-f438be8c51"  # the Workload/PodGroup name of team-a/my-job (test_plan.py)
 RESOURCES: dict[str, tuple[Resource, kmock.resource]] = {
@@ -323,6 +332,103 @@ async def test_a_failing_list_is_retried_and_the_store_synced_only_when_it_works
             assert keys(store) == {("team-a", "my-job")}
             assert (informer.restarts, len(sleep.delays), len(k[LIST, TRAINJOBS])) == (3, 3, 4)
             assert sleep.delays == sorted(sleep.delays)
+
+
+# --- "Too large resource version": routine after an API server restart, quiet unless it lasts --
+
+
+def informer_log(caplog: pytest.LogCaptureFixture) -> list[tuple[int, str]]:
+    return [
+        (r.levelno, str(getattr(r, "fields", {}).get("error", "")))
+        for r in caplog.records
+        if r.name == "webhook.informer" and r.levelno >= logging.DEBUG and "retrying" in r.msg
+    ]
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("failures", [2, TRANSIENT_RETRIES + 1])
+async def test_a_watch_cache_behind_the_listed_version_is_retried_quietly_unless_it_persists(
+    failures: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """After an API server restart its watch cache may lag the version a list (read from etcd)
+    returned: the watch is answered "Too large resource version" until the cache catches up.
+    Retried with backoff, at debug; a warning only from the TRANSIENT_RETRIES-th in a row."""
+    caplog.set_level(logging.DEBUG, logger="webhook.informer")
+    async with emulator() as (k, url), api_client(url) as api:
+        await create(k, TRAINJOBS, trainjob("team-a", "first"))
+        await create(k, TRAINJOBS, trainjob("team-b", "second"))
+        k.lag_watch_cache(k.resource_version - 1)  # the newest write is not in the cache yet
+        delays: list[float] = []
+
+        async def sleep(delay: float) -> None:
+            delays.append(delay)
+            if len(delays) == failures:
+                k.lag_watch_cache(None)  # caught up
+
+        store = Store("trainjobs")
+        informer = Informer(api, kube_client.TRAINJOBS, store, sleep=sleep)
+        async with running(informer):
+            await eventually(lambda: k.open_watches == 1, "watching once the cache caught up")
+            await create(k, TRAINJOBS, trainjob("team-c", "third"))
+            await eventually(lambda: store.get("team-c", "third") is not None, "recovered")
+            assert keys(store) == {("team-a", "first"), ("team-b", "second"), ("team-c", "third")}
+            # Resumed from the listed version each time: nothing listed again, nothing missed.
+            assert (len(k[LIST, TRAINJOBS]), len(k[WATCH, TRAINJOBS])) == (1, failures + 1)
+            assert informer.restarts == failures and delays == sorted(delays)
+        said = informer_log(caplog)
+        assert len(said) == failures
+        assert all("Too large resource version" in error for _, error in said)
+        quiet = min(failures, TRANSIENT_RETRIES - 1)
+        assert [level for level, _ in said] == [logging.DEBUG] * quiet + [logging.WARNING] * (
+            failures - quiet
+        )
+
+
+@pytest.mark.asyncio
+async def test_a_watch_cache_behind_for_long_is_a_warning_even_in_few_retries(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Persisting means a few failures in a row or TRANSIENT_SECONDS since the first; a failure
+    of another kind, or a watch that works, starts the count again."""
+    caplog.set_level(logging.DEBUG, logger="webhook.informer")
+    now = [0.0]
+    faults: list[kmock.Payload] = [
+        too_large_event("9", 8),
+        too_large_event("9", 8, code=500),  # as the API server sent it through a lossy path
+        {"type": "ERROR", "object": status_object(500, "InternalError", "boom")},
+        too_large_event("9", 8),
+        Response(status=504, payload=too_large_event("9", 8)["object"]),  # as an HTTP answer
+    ]
+    async with emulator() as (k, url), api_client(url) as api:
+        for i, fault in enumerate(faults):  # the first five watches, in this order
+            k[WATCH, TRAINJOBS][i : i + 1] << fault
+        delays: list[float] = []
+
+        async def sleep(delay: float) -> None:
+            delays.append(delay)
+            now[0] += {1: 1, 4: TRANSIENT_SECONDS}.get(len(delays), 0.0)
+
+        store = Store("trainjobs")
+        informer = Informer(api, kube_client.TRAINJOBS, store, sleep=sleep, clock=lambda: now[0])
+        async with running(informer):
+            await eventually(lambda: k.open_watches == 1, "watching after the faults")
+    levels = [level for level, _ in informer_log(caplog)]
+    # too large (quiet), too large as 500 (quiet, 1 s on), boom (warning, the count restarts),
+    # too large (quiet), too large again TRANSIENT_SECONDS later (a warning).
+    assert levels == [logging.DEBUG, logging.DEBUG, logging.WARNING, logging.DEBUG, logging.WARNING]
+
+
+def test_too_large_resource_version_is_told_as_client_go_tells_it() -> None:
+    def err(code: int, status: dict[str, Any] | None, reason: str = "") -> ApiException:
+        return ApiException(status=code, reason=reason, body=json.dumps(status) if status else None)
+
+    event = too_large_event("9", 8)["object"]
+    assert too_large_resource_version(err(504, event))
+    old = status_object(504, "Timeout", "Timeout: Too large resource version: 9, current: 8")
+    assert too_large_resource_version(err(504, old))  # before 1.18.6: the message alone
+    assert not too_large_resource_version(err(500, status_object(500, "InternalError", "boom")))
+    assert not too_large_resource_version(err(504, None, "Gateway Timeout"))
+    assert not too_large_resource_version(ApiException(status=500, reason="x", body="{not json"))
 
 
 # --- 4. the cache's plans, fed by the informers -------------------------------------------------

@@ -116,5 +116,11 @@ def test_plan_samples_and_serve_help_run_from_the_wheel_and_write_nothing(
     helped = run(script, "serve", "--help", cwd=tmp_path)
     assert helped.returncode == 0, helped.stderr
     assert "--cert-management {auto,self,files}" in helped.stdout
+    # Usage lines name the command as it was started.
+    assert helped.stdout.startswith("usage: trainjob-scheduling-webhook serve ")
+    plugin = run(venv / "bin" / "kubectl-trainjob_scheduling", "--help", cwd=tmp_path)
+    assert plugin.stdout.startswith("usage: kubectl trainjob-scheduling "), plugin.stderr
+    module = run(installed, "-m", "webhook", "--help", cwd=tmp_path)
+    assert module.stdout.startswith("usage: python -m webhook "), module.stderr
     assert tree(venv) == before  # nothing written: a read-only root filesystem would do
     assert list(tmp_path.iterdir()) == []

@@ -19,10 +19,11 @@ import yaml
 from .backends.base import GangBackend
 from .backends.volcano import VolcanoSettings, parse_tiers
 from .core import errors as fe
+from .core import overcommit
 from .core.errors import Path
 from .core.fields import parse
 from .core.trainer import NAMESPACED_RUNTIME_KIND, RUNTIME_KINDS, Runtime, TrainJob
-from .core.validation import Verdict, check_trainjob, runtime_layout
+from .core.validation import CheckedRuntime, Verdict, check_trainjob, runtime_layout
 
 EXIT_INVALID = 1
 EXIT_USAGE = 2
@@ -133,19 +134,27 @@ def plan_command(
     if unknown:
         raise UsageError(f"unexpected kinds {sorted(unknown)}: give TrainJobs and runtimes")
     ok = True
-    runtimes: dict[RuntimeKey, Runtime] = {}
-    unreadable: set[RuntimeKey] = set()
+    runtimes: dict[RuntimeKey, CheckedRuntime] = {}
+    invalid: set[RuntimeKey] = set()
     for doc in (d for d in docs if d["kind"] in RUNTIME_KINDS):
+        # Judged as admission judges a new runtime (what `kubectl apply` of the file would be).
         runtime, errs = parse(Runtime, doc)
-        verdict = Verdict(tuple(errs)) if runtime is None else runtime_layout(runtime)[1]
-        ok = _report(doc["kind"], _name(doc), verdict, err) and ok
+        layout, verdict = (
+            (None, Verdict(tuple(errs))) if runtime is None else runtime_layout(runtime)
+        )
+        said = verdict
+        if runtime is not None and verdict.allowed:  # as admission warns
+            unpodded = map(overcommit.sentence, overcommit.runtime_warnings(runtime))
+            said = Verdict((), (*verdict.warnings, *unpodded))
+        valid = _report(doc["kind"], _name(doc), said, err)
+        ok = valid and ok
         meta = doc.get("metadata")
         namespace = meta.get("namespace") if isinstance(meta, dict) else None
         key = _runtime_key(doc["kind"], namespace, _name(doc))
-        if runtime is None:
-            unreadable.add(key)
-        else:  # kept when invalid, so its TrainJobs say why
-            runtimes[key] = runtime
+        if runtime is None or not valid:
+            invalid.add(key)  # the cluster would refuse it: its TrainJobs get no objects
+        else:
+            runtimes[key] = CheckedRuntime(runtime, layout, verdict)
 
     rendered: list[dict[str, Any]] = []
     for doc in (d for d in docs if d["kind"] == "TrainJob"):
@@ -156,21 +165,23 @@ def plan_command(
             continue
         ref = trainjob.spec.runtime_ref
         key = _runtime_key(trainjob.runtime_kind, trainjob.namespace, ref.name)
-        if key in unreadable:
+        if key in invalid:
             detail = f"the {key[0]} in the given files is invalid (see above); fix it first"
             error = fe.invalid(Path("spec", "runtimeRef", "name"), ref.name, detail)
             _report("TrainJob", _name(doc), Verdict((error,)), err)
             ok = False
             continue
-        runtime = runtimes.get(key)
+        checked = runtimes.get(key)
         # Runtime warnings were printed with the runtime already.
         if not _report(
-            "TrainJob", _name(doc), Verdict(check_trainjob(trainjob, runtime).errors), err
+            "TrainJob", _name(doc), Verdict(check_trainjob(trainjob, checked).errors), err
         ):
             ok = False
             continue
-        assert runtime is not None
-        plan = build_plan(trainjob, runtime)
+        assert checked is not None
+        for clauses in overcommit.trainjob_warnings(trainjob, None):  # the runtime's: said above
+            print(f"Warning: {overcommit.sentence(clauses)}", file=err)
+        plan = build_plan(trainjob, checked)
         if plan is None:
             print(
                 f"Note: TrainJob {_name(doc)!r}: its runtime has no spec.scheduling, so it gets "
@@ -197,7 +208,7 @@ def plan_command(
             continue
         for warning in backend.admission_warnings(plan, Context.of(doc)):
             print(f"Warning: {warning}", file=err)
-        judged = _feasibility(plan, runtime, trainjob, backend, doc, nodes) if nodes else []
+        judged = _feasibility(plan, checked.runtime, trainjob, backend, doc, nodes) if nodes else []
         if output == "tree":
             out.write(tree(plan))
             out.writelines(f"{line}\n" for line in judged)
@@ -677,7 +688,15 @@ def kubectl_plugin(argv: Sequence[str] | None = None) -> int:
     return main(argv, prog="kubectl trainjob-scheduling")
 
 
-def main(argv: Sequence[str] | None = None, prog: str = "python -m webhook") -> int:
+def started_as(argv0: str) -> str:
+    """The command's name in usage lines: what it was started by (a console script's name),
+    or `python -m webhook` when run as a module."""
+    name = os.path.basename(argv0)
+    return "python -m webhook" if name in ("", "__main__.py", "-c", "-m") else name
+
+
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
+    prog = prog or started_as(sys.argv[0] if sys.argv else "")
     arguments = list(sys.argv[1:] if argv is None else argv)
     try:
         config = load_config(arguments) if arguments[:1] == ["serve"] else {}

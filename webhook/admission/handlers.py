@@ -6,13 +6,14 @@ the pod path, which builds its one-operation patch directly (tests prove it equa
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jsonpatch
 
 from ..backends.base import Context, Defaulting, GangBackend, Kind, composite_kind, expresses
-from ..core import defaults, kueue
+from ..core import defaults, kueue, overcommit
 from ..core import errors as fe
 from ..core.errors import FieldError, Path
 from ..core.fields import parse
@@ -24,7 +25,7 @@ from ..core.trainer import DEFAULT_SCHEDULER, TrainJob
 from ..core.validation import CheckedRuntime, Verdict, check_trainjob, judge_runtime
 from ..kube.cache import Cache
 from .feasibility import feasibility_verdict
-from .review import Decision, Review
+from .review import MAX_WARNING, Decision, Review
 
 Handler = Callable[[Review, Cache], Decision]
 WRITES = ("CREATE", "UPDATE")
@@ -126,6 +127,8 @@ def _judge_runtime(
 ) -> tuple[Verdict, str | None]:
     """The runtime's verdict, and when its levels combine into a tree, its pods' scheduler."""
     runtime, verdict = judge_runtime(new, old)
+    if runtime is not None and verdict.allowed:  # requests no pod could be created with
+        verdict = Verdict((), (*verdict.warnings, *_said(overcommit.runtime_warnings(runtime))))
     scheduling = runtime.spec.scheduling if runtime is not None else None
     if (
         runtime is None
@@ -192,12 +195,24 @@ def validate_trainjob_review(review: Review, cache: Cache) -> Decision:
         return denied(review, [_runtime_unknowable(trainjob, cache.connected)])
     verdict = check_trainjob(trainjob, runtime, old, gang_exists(old, runtime))
     # The runtime's own warnings went to its author at its apply; the TrainJob's author would
-    # only see them on every submission, so they are not repeated here.
+    # only see them on every submission, so they are not repeated here. But requests no pod
+    # could be created with are said on its CREATE (and on a change of resourcesPerNode).
     if not verdict.allowed:
         return denied(review, verdict.errors)
+    unpodded: list[str] = []
+    if old is None or old.resources_per_node != trainjob.resources_per_node:
+        unpodded = _said(
+            overcommit.trainjob_warnings(trainjob, runtime.runtime if runtime else None)
+        )
     if old is not None or runtime is None:
-        return Decision()  # an update is never blocked by what its gang's scheduler thinks
-    return _gang_verdict(review, trainjob, runtime, cache)
+        return Decision(warnings=unpodded)  # an update is never blocked by its gang's scheduler
+    decision = _gang_verdict(review, trainjob, runtime, cache)
+    return dataclasses.replace(decision, warnings=[*unpodded, *decision.warnings])
+
+
+def _said(warnings: list[overcommit.Said]) -> list[str]:
+    """Each warning in lines short enough for the API server and kubectl to keep whole."""
+    return [line for said in warnings for line in overcommit.lines(said, MAX_WARNING)]
 
 
 def _gang_verdict(

@@ -4,6 +4,10 @@ The watch resumes from the last resourceVersion it saw; `410 Gone` (that version
 means list again; any other failure (dropped connection, 5xx, timeout) waits with exponential
 backoff and resumes. Only this module and `client.py` talk to the API server for the cache.
 
+"Too large resource version" (the API server's watch cache has not reached the version asked
+for, routine for a few seconds after it restarts) is retried the same way, but logged at debug
+until it persists (TRANSIENT_RETRIES failures in a row, or TRANSIENT_SECONDS).
+
 With `page_size` the list comes in pages (`limit` and `continue`, as client-go's reflector
 lists), each item trimmed by the store as it arrives, so listing 10,000 Nodes never holds
 them all whole.
@@ -30,6 +34,8 @@ log = logging.getLogger("webhook.informer")
 
 Sleep = Callable[[float], Awaitable[None]]
 MIN_WATCH_SECONDS = 1.0
+TRANSIENT_RETRIES = 5  # "Too large resource version" in a row before it is a warning
+TRANSIENT_SECONDS = 10.0  # or this long since the first of them
 NOT_SERVED = " (the resource is not served: is the Kubeflow Trainer CRD installed?)"
 
 
@@ -93,6 +99,9 @@ class Informer:
         self.resource_version: str | None = None
         self.restarts = 0  # lists and watches that ended in an error
         self.on_restart = on_restart
+        # "Too large resource version" failures in a row, and when the first of them happened.
+        self._lagging = 0
+        self._lagging_since = 0.0
 
     async def run(self) -> None:
         while True:
@@ -103,6 +112,7 @@ class Informer:
                 step = "watch"
                 started = self.clock()
                 events = await self._watch()
+                self._lagging = 0  # a watch that ended well: the server had caught up
                 if events == 0 and self.clock() - started < MIN_WATCH_SECONDS:
                     # Like client-go: a watch that ends at once with nothing is a failure, or a
                     # misbehaving server (or proxy) would have us re-watch in a hot loop.
@@ -114,7 +124,8 @@ class Informer:
                     continue
                 hint = self.not_served_hint if err.status == 404 and step == "list" else ""
                 hint = self.forbidden_hint if err.status == 403 else hint
-                await self._retry(step, f"HTTP {err.status}: {err.reason}{hint}")
+                transient = too_large_resource_version(err)
+                await self._retry(step, f"HTTP {err.status}: {err.reason}{hint}", transient)
             except asyncio.CancelledError:
                 raise
             except Exception as err:  # connection drops, timeouts, garbage on the stream
@@ -144,6 +155,7 @@ class Informer:
         self.resource_version = _resource_version(listing) or ""
         self.backoff.reset()
         self._last_error = ""
+        self._lagging = 0
         log.info("listed", extra=self._fields(objects=len(self.store)))
 
     async def _watch(self) -> int:
@@ -190,19 +202,29 @@ class Informer:
         if rv:
             self.resource_version = rv
 
-    async def _retry(self, step: str, error: str) -> None:
+    async def _retry(self, step: str, error: str, transient: bool = False) -> None:
         self.restarts += 1
         if self.on_restart:
             self.on_restart()
         delay = self.backoff.next_delay()
         # With a hint for 403 (a resource the service can do without), one warning says so;
         # the same failure again, retried, is only debug.
-        repeated = bool(self.forbidden_hint) and error == self._last_error
+        quiet = bool(self.forbidden_hint) and error == self._last_error
         self._last_error = error
+        more: dict[str, Any] = {}
+        if transient:  # routine for a moment after an API server restart: warn if it persists
+            now = self.clock()
+            self._lagging_since = now if self._lagging == 0 else self._lagging_since
+            self._lagging += 1
+            lasted = now - self._lagging_since
+            quiet = self._lagging < TRANSIENT_RETRIES and lasted < TRANSIENT_SECONDS
+            more = {"failures_in_a_row": self._lagging, "for_seconds": round(lasted, 1)}
+        else:
+            self._lagging = 0
         log.log(
-            logging.DEBUG if repeated else logging.WARNING,
+            logging.DEBUG if quiet else logging.WARNING,
             f"{step} failed, retrying",
-            extra=self._fields(error=error, retry_in=round(delay, 2)),
+            extra=self._fields(error=error, retry_in=round(delay, 2), **more),
         )
         await self.sleep(delay)
 
@@ -218,8 +240,30 @@ def _event(line: bytes) -> dict[str, Any]:
     if event.get("type") == "ERROR":  # e.g. 410 Gone: the resourceVersion is too old
         status = event.get("object")
         status = status if isinstance(status, dict) else {}
-        raise ApiException(status=status.get("code"), reason=status.get("message"))
+        body = orjson.dumps(status).decode()  # the Status, for its details
+        raise ApiException(status=status.get("code"), reason=status.get("message"), body=body)
     return event
+
+
+def too_large_resource_version(err: ApiException) -> bool:
+    """Whether the API server's cache has not reached the resourceVersion asked for yet: its
+    Status (a 504 Timeout; a real API server was also seen to send it as a 500) has the cause
+    ResourceVersionTooLarge, or, before Kubernetes 1.18.6, only says so in its message. As
+    client-go's reflector tells it."""
+    try:
+        status = orjson.loads(err.body) if isinstance(err.body, str | bytes) and err.body else {}
+    except orjson.JSONDecodeError:
+        status = {}
+    status = status if isinstance(status, dict) else {}
+    details = status.get("details")
+    causes = details.get("causes") if isinstance(details, dict) else None
+    if any(
+        isinstance(c, dict) and c.get("reason") == "ResourceVersionTooLarge"
+        for c in (causes if isinstance(causes, list) else [])[:16]
+    ):
+        return True
+    message = status.get("message") or err.reason
+    return isinstance(message, str) and "Too large resource version" in message
 
 
 def _resource_version(obj: dict[str, Any]) -> str | None:
