@@ -209,15 +209,19 @@ def serve_bare_hardened(port: int, cert_dir: Path, log_file: Path) -> None:
     _child_setup(log_file)
     import uvloop
 
-    from webhook.server.protocol import Drain
-    from webhook.server.run import listen
+    from webhook.server.protocol import ConnectionLimits, Drain
+    from webhook.server.run import Settings, listen
     from webhook.server.servers import server
     from webhook.tls.reload import ReloadingContext
 
     async def main() -> None:
         tls = ReloadingContext(cert_dir / "tls.crt", cert_dir / "tls.key")
         tls.reload()
-        bare = server(bare_app, "127.0.0.1", port, 10.0, tls=tls, drain=Drain())
+        s = Settings()
+        limits = ConnectionLimits(
+            s.header_timeout, s.max_header_bytes, s.connection_max_requests, s.connection_max_age
+        )
+        bare = server(bare_app, "127.0.0.1", port, limits, tls=tls, drain=Drain())
         await bare.serve([listen("127.0.0.1", port)])
 
     uvloop.run(main())
