@@ -544,8 +544,8 @@ def test_a_1_mib_header_section_is_431_and_others_are_answered(target: Target) -
 
 
 def test_a_head_request_is_answered_and_keeps_pipelined_answers_in_order(target: Target) -> None:
-    """uvicorn writes no body for HEAD: the answer's head, held to go out with the body, must
-    still go out at once, and the answer to a request pipelined behind it must follow it."""
+    """uvicorn writes no body for HEAD: the answer's head goes out at once, and the answer to a
+    request pipelined behind it follows it."""
     sock = tls_connect(target.served)
     head = b"HEAD /mutate--v1-pod HTTP/1.1\r\nhost: localhost\r\n\r\n"
     sock.sendall(head)
@@ -570,9 +570,9 @@ def test_a_head_request_is_answered_and_keeps_pipelined_answers_in_order(target:
 
 
 def test_pipelined_reviews_are_answered_in_order_each_in_full(target: Target) -> None:
-    """Reviews answered in one write each (the endpoint's path past ASGI's messages): several
-    sent at once on one connection come back in order, each with the head uvicorn would write
-    (date, server, content-type, a content-length that is the body's) and no close."""
+    """Several reviews sent at once on one connection come back in order, each with the head
+    uvicorn writes (date, server, content-type, a content-length that is the body's) and no
+    close."""
     sock = tls_connect(target.served)
     reviews = []
     for n in range(3):
