@@ -19,7 +19,8 @@ from pathlib import Path
 import httpx
 import orjson
 
-from .harness import REPO, RunningServer, fixture, fixture_cache, running_server
+from .harness import RunningServer, fixture, fixture_cache, running_server
+from .paths import REPO
 
 POD_PATH = "/mutate--v1-pod"
 POD_GROUP = "my-job-f438be8c51"  # the PodGroup the fixture pod is put in
@@ -44,7 +45,10 @@ class Answer:
     def __init__(self, head: bytes, body: bytes) -> None:
         lines = head.split(b"\r\n")
         self.status_line = lines[0]
-        self.headers = [tuple(line.lower().split(b": ", 1)) for line in lines[1:]]
+        self.headers: list[tuple[bytes, bytes]] = []
+        for line in lines[1:]:
+            name, _, value = line.lower().partition(b": ")
+            self.headers.append((name, value))
         self.body = body
 
     @property
@@ -66,7 +70,7 @@ def read_answer(sock: ssl.SSLSocket, buffered: bytearray) -> Answer:
         buffered += chunk
     end = buffered.index(b"\r\n\r\n")
     head = bytes(buffered[:end])
-    length = int(dict(Answer(head, b"").headers)[b"content-length"])  # type: ignore[arg-type]
+    length = int(dict(Answer(head, b"").headers)[b"content-length"])
     while len(buffered) < end + 4 + length:
         chunk = sock.recv(65536)
         assert chunk, f"closed within an answer: {head!r}"
