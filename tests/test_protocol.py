@@ -19,7 +19,14 @@ from pathlib import Path
 import httpx
 import orjson
 
-from .harness import RunningServer, fixture, fixture_cache, running_server
+from .harness import (
+    RunningServer,
+    fixture,
+    fixture_cache,
+    make_certs,
+    running_server,
+    server_process,
+)
 from .paths import REPO
 
 POD_PATH = "/mutate--v1-pod"
@@ -55,12 +62,14 @@ class Answer:
     def closes(self) -> bool:
         return (b"connection", b"close") in self.headers
 
-    def check_review(self, uid: str) -> None:
-        """A whole, correct answer to the pod review `uid`."""
+    def check_review(self, uid: str, patched: bool = True) -> None:
+        """A whole, correct answer to the pod review `uid` (`patched`: into its PodGroup, which
+        a service without the fixtures' TrainJob in its cache does not know)."""
         assert self.status_line == b"HTTP/1.1 200 OK", self.status_line
         response = orjson.loads(self.body)["response"]
         assert response["uid"] == uid and response["allowed"] is True, response
-        assert POD_GROUP.encode() in base64.b64decode(response["patch"])
+        if patched:
+            assert POD_GROUP.encode() in base64.b64decode(response["patch"])
 
 
 def read_answer(sock: ssl.SSLSocket, buffered: bytearray) -> Answer:
@@ -137,6 +146,26 @@ def test_an_answer_closes_the_connection_after_its_age_bound(tmp_path: Path) -> 
             time.sleep(0.1)
         assert time.monotonic() - opened >= age, "closed before its age bound"
         assert n >= 1  # the first answers kept it (on a machine so slow it is not: a stall)
+        assert closed_by_server(sock)
+        sock.close()
+
+
+def test_the_serve_flag_bounds_the_running_process(tmp_path: Path) -> None:
+    certs = tmp_path / "certs"
+    make_certs(certs)
+    with server_process(certs, "--connection-max-requests", "2") as proc:
+        port = int(proc.url.rsplit(":", 1)[1])
+        context = ssl.create_default_context(cafile=str(certs / "ca.crt"))
+        raw = socket.create_connection(("127.0.0.1", port), timeout=STALL)
+        sock = context.wrap_socket(raw, server_hostname="localhost")
+        buffered = bytearray()
+        closes = []
+        for n in range(2):
+            sock.sendall(request(f"uid-{n}"))
+            answer = read_answer(sock, buffered)
+            answer.check_review(f"uid-{n}", patched=False)  # no cluster: nothing to patch
+            closes.append(answer.closes)
+        assert closes == [False, True]
         assert closed_by_server(sock)
         sock.close()
 
