@@ -49,6 +49,7 @@ from tests.kube_emulator import (
     status_object,
 )
 from tests.nodes import node
+from tests.timing import STALL
 from webhook.core.nodes import NodeSummary
 from webhook.core.plan import pod_group_for_labels
 from webhook.kube import client as kube_client
@@ -527,7 +528,7 @@ async def test_readyz_stays_503_while_a_list_fails_but_reviews_are_answered(tmp_
             assert (await readyz(client, proc)).status_code == 503
 
             failing.clear()  # the API server recovers: the next retry lists, the service is ready
-            await eventually_async(lambda: readyz(client, proc), 200, "/readyz 200", timeout=8)
+            await eventually_async(lambda: readyz(client, proc), 200, "/readyz 200", timeout=STALL)
 
 
 async def eventually_async(

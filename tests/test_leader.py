@@ -352,7 +352,7 @@ async def test_a_lead_that_fails_hands_the_lease_on(caplog: pytest.LogCaptureFix
         b.start()
         await observed(k, "b")
         a.crash.set()  # a's lead() fails, now and whenever it leads again
-        await eventually(lambda: b.leading, "b leads", timeout=3 * LEASE_DURATION)
+        await eventually(lambda: b.leading, "b leads", timeout=STALL)
         assert a.changes[:2] == [True, False]
         releases = [
             r

@@ -17,6 +17,7 @@ import pytest
 from cryptography import x509
 
 from tests.harness import fixture, fixture_cache, free_port, make_certs
+from tests.kube_emulator import eventually
 from webhook.admission.review import Decision
 from webhook.metrics.app import metrics_server
 from webhook.metrics.registry import Metrics
@@ -203,17 +204,21 @@ async def test_in_flight_counts_a_review_being_read(tmp_path: Path) -> None:
     m = Metrics()
     gauge = "controller_runtime_webhook_requests_in_flight"
     body = review("pod-create-by-job-controller.mutate.json")
+    rest = asyncio.Event()
 
     async def slow_body() -> AsyncIterator[bytes]:
         yield body[:100]
-        await asyncio.sleep(0.3)
+        await rest.wait()  # the rest of the body once the review is seen in flight
         yield body[100:]
 
     async with webhooks(tmp_path, m) as client:
         headers = {"content-length": str(len(body))}
         sending = asyncio.create_task(client.post(POD, content=slow_body(), headers=headers))
-        await asyncio.sleep(0.15)
-        assert m.registry.get_sample_value(gauge, {"webhook": POD}) == 1
+        await eventually(
+            lambda: m.registry.get_sample_value(gauge, {"webhook": POD}) == 1,
+            "the review counted in flight while its body comes",
+        )
+        rest.set()
         assert (await sending).status_code == 200
         assert m.registry.get_sample_value(gauge, {"webhook": POD}) == 0
 

@@ -219,10 +219,13 @@ def test_shutdown_delay_keeps_serving_while_not_ready(tmp_path: Path) -> None:
     pod out of the Service's endpoints) while reviews are still served; then the process exits."""
     certs = tmp_path / "certs"
     ca = make_certs(certs)
-    with server_process(certs, "--shutdown-delay", "1.5") as proc:
+    # 3 s: ten times what turning not ready and one review take on a loaded machine.
+    with server_process(certs, "--shutdown-delay", "3") as proc:
         proc.process.send_signal(signal.SIGTERM)
-        time.sleep(0.3)
-        assert httpx.get(f"{proc.health_url}/readyz").status_code == 503
+        deadline = time.monotonic() + STALL
+        while httpx.get(f"{proc.health_url}/readyz").status_code != 503:
+            assert time.monotonic() < deadline, "still ready after SIGTERM"
+            time.sleep(0.02)
         with httpx.Client(verify=trusting(ca)) as client:
             assert client.post(f"{proc.url}{PATH}", content=BODY).status_code == 200
         assert proc.process.wait(timeout=20) == 0
