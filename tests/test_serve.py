@@ -166,11 +166,15 @@ def test_sigterm_finishes_in_flight_reviews_then_exits(tmp_path: Path) -> None:
         proc.process.send_signal(signal.SIGTERM)
         time.sleep(0.5)
         assert proc.process.poll() is None, "exited with a review in flight"
-        draining = httpx.get(f"{proc.health_url}/readyz")
-        assert draining.status_code == 503
+        deadline = time.monotonic() + STALL
+        while (draining := httpx.get(f"{proc.health_url}/readyz")).status_code != 503:
+            assert time.monotonic() < deadline, "still ready after SIGTERM"
+            time.sleep(0.02)
         assert "not-stopping" in draining.json()["failing"]
-        with pytest.raises((httpx.ConnectError, httpx.ReadError)):
-            httpx.post(f"{proc.url}{PATH}", content=BODY, verify=trusting(ca), timeout=2)
+        with pytest.raises((httpx.ConnectError, httpx.ReadError)):  # the listener closes
+            while time.monotonic() < deadline:
+                httpx.post(f"{proc.url}{PATH}", content=BODY, verify=trusting(ca), timeout=STALL)
+                time.sleep(0.02)
         sock.sendall(BODY[100:])
         reply = b""
         while b"\r\n\r\n" not in reply or not reply.rstrip().endswith(b"}"):
