@@ -479,7 +479,7 @@ async def test_served_pod_reviews_read_the_watched_cache_and_never_the_api(tmp_p
         await create(k, CLUSTER_RUNTIMES, cluster_runtime())
         await create(k, TRAINJOBS, trainjob())
         expected = {"podGroupName": POD_GROUP}
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + STALL
         while True:  # until the watches delivered both objects to the service
             answer = (await client.post(path, json=review)).json()
             assert answer["response"]["uid"] == review["request"]["uid"]
