@@ -37,6 +37,10 @@ Every scenario runs `--rounds` times, interleaved; the best run is shown, with:
   makes that row's figures low.
 - CPU/review: server CPU time per review, the steadiest figure when the machine is noisy.
 
+Last, for `--seconds`: /readyz and a pod review, every 20 ms each, while three connections send
+tests/test_hostile.py's reviews past every limit (the figures behind that test's behaviour:
+probes keep answering, nothing waits on the slow ones), with /readyz on the idle service first.
+
 In a closed loop p50 is about concurrency / throughput, so the p99 ratio mostly follows the
 throughput ratio. `--profile` runs cProfile inside the service process during each measured
 window and prints the top functions (one round; the profiled runs are slower).
@@ -50,6 +54,7 @@ import base64
 import collections
 import contextlib
 import cProfile
+import itertools
 import math
 import multiprocessing
 import multiprocessing.process
@@ -605,6 +610,109 @@ async def run_rounds(load: Load, scenarios: list[Scenario], rounds: int) -> dict
     return results
 
 
+# --- probes while hostile reviews are judged ----------------------------------------------------
+
+
+@dataclass
+class UnderAttack:
+    """Latencies (seconds) while `attackers` connections send the hostile tests' reviews."""
+
+    hostile: list[float]
+    probes: list[float]
+    pods: list[float]
+    idle_probes: list[float]
+
+
+async def under_attack(
+    load: Load, service: Child, health_port: int, pod_path: str, pod_body: bytes, seconds: float
+) -> UnderAttack:
+    """What tests/test_hostile.py's probes test asserts as behaviour, as figures: /readyz and a
+    pod review answered while three connections send reviews past every limit, and /readyz on
+    the idle service before."""
+    from tests.test_hostile import hostile_bodies
+
+    loop = asyncio.get_running_loop()
+
+    async def connect(port: int, tls: bool) -> Connection:
+        _, conn = await loop.create_connection(
+            Connection,
+            "127.0.0.1",
+            port,
+            ssl=load.client_ssl if tls else None,
+            server_hostname="localhost" if tls else None,
+        )
+        return conn
+
+    async def timed(
+        port: int, tls: bool, requests: Iterator[bytes], into: list[float], pause: float
+    ) -> None:
+        conn = await connect(port, tls)
+        try:
+            for data in requests:
+                if conn.closed:
+                    conn = await connect(port, tls)
+                start = time.perf_counter()
+                with contextlib.suppress(ClosedByServer):
+                    answer = await conn.request(data)
+                    if not answer.startswith(b"HTTP/1.1 "):
+                        raise RuntimeError(f"not an answer: {answer[:100]!r}")
+                    into.append(time.perf_counter() - start)
+                await asyncio.sleep(pause)
+        finally:
+            if conn.transport is not None:
+                conn.transport.close()
+
+    readyz = f"GET /readyz HTTP/1.1\r\nHost: 127.0.0.1:{health_port}\r\n\r\n".encode()
+    result = UnderAttack([], [], [], [])
+    idle = asyncio.create_task(
+        timed(health_port, False, itertools.repeat(readyz), result.idle_probes, 0.02)
+    )
+    await asyncio.sleep(1.0)
+    idle.cancel()
+    await asyncio.gather(idle, return_exceptions=True)
+    bodies = [http_request(service.port, path, body) for path, body in hostile_bodies()]
+    tasks = [
+        asyncio.create_task(
+            timed(service.port, True, itertools.islice(itertools.cycle(bodies), i, None),
+                  result.hostile, 0.0)
+        )
+        for i in range(3)
+    ] + [
+        asyncio.create_task(
+            timed(health_port, False, itertools.repeat(readyz), result.probes, 0.02)
+        ),
+        asyncio.create_task(
+            timed(service.port, True, itertools.repeat(http_request(service.port, pod_path,
+                  pod_body)), result.pods, 0.02)
+        ),
+    ]  # fmt: skip
+    await asyncio.sleep(seconds)
+    for task in tasks:
+        task.cancel()
+    outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+    failed = [o for o in outcomes if isinstance(o, Exception) and not isinstance(o, ClosedByServer)]
+    if failed:
+        raise RuntimeError("probes under attack: a task failed") from failed[0]
+    return result
+
+
+def print_under_attack(result: UnderAttack) -> None:
+    def figures(name: str, data: list[float]) -> None:
+        data = sorted(data)
+        if not data:
+            print(f"{name:<34} none answered")
+            return
+        p50 = data[len(data) // 2]
+        print(f"{name:<34} {len(data):>6,} {p50 * 1e3:>9.1f} {data[-1] * 1e3:>9.1f}")
+
+    print(f"\n{'while 3 connections send hostile reviews':<34} {'answers':>6} {'p50 ms':>9} "
+          f"{'max ms':>9}")  # fmt: skip
+    figures("/readyz, service idle (before)", result.idle_probes)
+    figures("hostile reviews", result.hostile)
+    figures("/readyz meanwhile", result.probes)
+    figures("pod review meanwhile", result.pods)
+
+
 # --- report ------------------------------------------------------------------------------------
 
 
@@ -815,9 +923,17 @@ def main(argv: list[str] | None = None) -> None:
         )
         import uvloop
 
-        runs = uvloop.run(run_rounds(load, scenarios, args.rounds))
+        async def measure() -> tuple[dict[str, list[Result]], UnderAttack]:
+            runs = await run_rounds(load, scenarios, args.rounds)
+            attack = await under_attack(
+                load, service, health["service"], pod_path, pod_body, args.seconds
+            )
+            return runs, attack
+
+        runs, attack = uvloop.run(measure())
         print(f"TLS {runs[bare_pod][0].tls}; the service logs at INFO, one JSON line per review\n")
         print_table(runs, scenarios)
+        print_under_attack(attack)
         print()
         for child in started:
             print(
