@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import base64
+import inspect
 import socket
 import ssl
 import threading
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import httpx
 import orjson
+import uvicorn
 
 from .harness import (
     RunningServer,
@@ -231,3 +233,15 @@ def test_the_server_imports_no_private_uvicorn_module() -> None:
                 ):
                     private.append(f"{source.relative_to(REPO)}: {name}")
     assert not private, private
+
+
+def test_uvicorn_still_makes_its_protocol_as_the_server_does() -> None:
+    """`servers.QuietServer.startup` makes uvicorn's protocol as uvicorn's own `startup` does:
+    its `Config.http_protocol_class`, called with these names (`app_state` becomes each
+    request's `scope["state"]`, the ASGI lifespan state, where `CloseWhenDue` finds the
+    connection: the bounds tests above show it arrives). A uvicorn release that changes the
+    call fails here, by name."""
+    config = uvicorn.Config(app=None, http="httptools", lifespan="off", log_config=None)
+    config.load()
+    parameters = inspect.signature(config.http_protocol_class).parameters
+    assert {"config", "server_state", "app_state", "_loop"} <= set(parameters), parameters
