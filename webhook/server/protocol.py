@@ -95,55 +95,17 @@ class Drain:
             connection.drain()
 
 
-class _Transport(asyncio.Transport):
+class _Transport:
     """The connection's transport as uvicorn's protocol sees it: the same, but its closes go
     through the guard (which, while draining, lets an idle connection wait for the grace)."""
 
-    __slots__ = ("_guard", "_transport")
-
     def __init__(self, transport: asyncio.Transport, guard: Guard) -> None:
-        super().__init__()
         self._transport = transport
-        self._guard = guard
+        self.write = transport.write  # bound once: the path of every answer
+        self.close = guard.close_requested
 
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        self._transport.write(data)
-
-    def writelines(self, list_of_data: Any) -> None:
-        self._transport.writelines(list_of_data)
-
-    def close(self) -> None:
-        self._guard.close_requested()
-
-    def abort(self) -> None:
-        self._transport.abort()
-
-    def is_closing(self) -> bool:
-        return self._transport.is_closing()
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return self._transport.get_extra_info(name, default)
-
-    def pause_reading(self) -> None:
-        self._transport.pause_reading()
-
-    def resume_reading(self) -> None:
-        self._transport.resume_reading()
-
-    def is_reading(self) -> bool:
-        return self._transport.is_reading()
-
-    def get_write_buffer_size(self) -> int:
-        return self._transport.get_write_buffer_size()
-
-    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        self._transport.set_write_buffer_limits(high, low)
-
-    def can_write_eof(self) -> bool:
-        return self._transport.can_write_eof()
-
-    def write_eof(self) -> None:
-        self._transport.write_eof()
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
 
 
 ProtocolFactory = Callable[[dict[str, Any]], asyncio.Protocol]
@@ -167,7 +129,7 @@ class Guard(asyncio.Protocol):
         self.parser: httptools.HttpRequestParser | None = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
         self.opened = self.loop.time()
-        self.requests = 0  # requests whose answer the app has begun (see CloseWhenDue)
+        self.requests = 0  # requests handed to the app (counted by CloseWhenDue)
         self.answered = 0  # requests the app is done with
         self.begun = 0  # requests whose first byte has arrived
         self.closing = False  # an answer said Connection: close
@@ -185,7 +147,7 @@ class Guard(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
-        self.protocol.connection_made(_Transport(self.transport, self))
+        self.protocol.connection_made(cast(asyncio.Transport, _Transport(self.transport, self)))
         self._arm()
         if self.drainer is not None:
             self.drainer.add(self)
@@ -350,7 +312,7 @@ class CloseWhenDue:
         async def send_closing_when_due(message: Message) -> None:
             if message["type"] == "http.response.start" and guard.due():
                 headers = list(message.get("headers", ()))
-                if not any(n.lower() == b"connection" and b"close" in v for n, v in headers):
+                if not any(n.lower() == b"connection" and b"close" in v.lower() for n, v in headers):
                     headers.append((b"connection", b"close"))
                 message = {**message, "headers": headers}
                 guard.closing = True
