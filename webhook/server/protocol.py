@@ -312,7 +312,9 @@ class CloseWhenDue:
         async def send_closing_when_due(message: Message) -> None:
             if message["type"] == "http.response.start" and guard.due():
                 headers = list(message.get("headers", ()))
-                if not any(n.lower() == b"connection" and b"close" in v.lower() for n, v in headers):
+                if not any(
+                    n.lower() == b"connection" and b"close" in v.lower() for n, v in headers
+                ):
                     headers.append((b"connection", b"close"))
                 message = {**message, "headers": headers}
                 guard.closing = True
