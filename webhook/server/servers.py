@@ -23,7 +23,8 @@ TLS_SHUTDOWN_TIMEOUT = 2.0
 
 
 class QuietServer(uvicorn.Server):
-    """uvicorn without its own signal handling, with a deadline for TLS handshakes."""
+    """uvicorn without its own signal handling, with a deadline for TLS handshakes and each
+    connection behind a `Guard` (its limits, and the webhooks' bounds and draining)."""
 
     limits = ConnectionLimits()
     drain: Drain | None = None
