@@ -160,8 +160,10 @@ def running_server(
     cert_poll_seconds: float = 5.0,
     shutdown_timeout: float = 5.0,
     review_log: ReviewLog | None = None,
+    **more: Any,
 ) -> Iterator[RunningServer]:
-    """The service's own `Service` (webhooks + probes) in a thread, with the given cache."""
+    """The service's own `Service` (webhooks + probes) in a thread, with the given cache (and
+    any other `Settings` given by name)."""
     if not (cert_dir / "tls.crt").exists():
         make_certs(cert_dir)
     settings = Settings(
@@ -173,6 +175,7 @@ def running_server(
         cert_poll_seconds=cert_poll_seconds,
         shutdown_timeout=shutdown_timeout,
         limits=limits or Limits(),
+        **more,
     )
     tls = ReloadingContext(cert_dir / "tls.crt", cert_dir / "tls.key")
     tls.reload()

@@ -25,6 +25,16 @@ def test_defaults_are_the_documented_ones(monkeypatch: pytest.MonkeyPatch) -> No
     assert (args.workers, args.qps, args.burst) == (4, 20.0, 30)
     assert args.watch_namespaces == () and args.namespace == ""
     assert (args.metrics_token_ttl, args.metrics_allow_ttl, args.metrics_deny_ttl) == (60, 300, 30)
+    assert (args.connection_max_requests, args.connection_max_age) == (1000, 30.0)
+
+
+def test_connection_bounds_take_zero_and_refuse_negatives() -> None:
+    args = serve_args(["--connection-max-requests=0", "--connection-max-age=0"])
+    assert (args.connection_max_requests, args.connection_max_age) == (0, 0.0)
+    for bad in (["--connection-max-requests=-1"], ["--connection-max-requests=1.5"],
+                ["--connection-max-age=-2"]):  # fmt: skip
+        with pytest.raises(SystemExit):
+            serve_args(bad)
 
 
 def test_flag_beats_environment_beats_file_beats_default(

@@ -29,6 +29,7 @@ from tests.nodes import nodes
 from tests.test_backends import TRAINJOB_PATH, cache_with, review
 from tests.test_feasibility import IN_ZONE, gpu_node
 from tests.test_informer import readyz, serving
+from tests.timing import fastest
 from webhook.kube.cache import Cache
 from webhook.kube.feasibility import MODE_ANNOTATION
 
@@ -210,9 +211,8 @@ async def eventually_true(check: Any, expected: Any, what: str) -> None:
 
 def test_sizes_a_tenant_writes_are_bounded_before_any_work(tmp_path: Path) -> None:
     """Tolerations, selectors and affinity far past the bounds: the gang is not judged (no
-    warning, never a wrong one) and the answer comes at once."""
-    import time
-
+    warning, never a wrong one) and the answer comes at once: as fast, give or take a factor
+    of 20, as for a runtime of ordinary size, measured in the same test."""
     many = 20_000
     hostile: list[Json] = [
         {"tolerations": [{"key": f"k{i}", "operator": "Exists"} for i in range(many)]},
@@ -224,11 +224,14 @@ def test_sizes_a_tenant_writes_are_bounded_before_any_work(tmp_path: Path) -> No
             "nodeSelectorTerms": [{"matchExpressions": [{"key": f"k{i}", "operator": "Exists"}]}
                                   for i in range(many)]}}}},
     ]  # fmt: skip
+    ordinary = cache_of(runtime(gpu_node(4), scheduling=IN_ZONE, name="rt"))
+    with running_server(ordinary, tmp_path / "certs") as srv, srv.client() as c:
+        baseline = fastest(lambda: post(c, trainjob(num_nodes=64)))
     for i, spec in enumerate(hostile):
         rt = runtime(gpu_node(4, **spec), scheduling=IN_ZONE, name="rt")
         cache = cache_of(rt)
         with running_server(cache, tmp_path / f"certs-{i}") as srv, srv.client() as c:
-            start = time.monotonic()
             answer = post(c, trainjob(num_nodes=64))
-            assert time.monotonic() - start < 2, spec.keys()
             assert answer == {"uid": "u-1", "allowed": True}, list(spec)
+            seconds = fastest(lambda: post(c, trainjob(num_nodes=64)))
+            assert seconds < 0.25 + 20 * baseline, (list(spec), seconds, baseline)

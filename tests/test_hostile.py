@@ -34,9 +34,8 @@ from tests.builders import Json, rj, runtime, trainjob
 from tests.harness import ServerProcess, fixture, make_certs, server_process
 from tests.kube_emulator import CLUSTER_RUNTIMES, create
 from tests.test_metrics_serve import Cluster, Served, cluster, serve
+from tests.timing import STALL
 
-ANSWER_WITHIN = 3.0  # seconds, for every hostile review
-PROBES_WITHIN = 1.0  # seconds, for probes and a normal review meanwhile
 INT32 = 2**31 - 1
 EXTREMES = (INT32, INT32 + 1, 2**63 - 1, 2**64 - 1, -(2**31), -(2**63))
 DEPTH = 1000  # below orjson's 1,024-level limit with the envelope: a review to answer
@@ -153,7 +152,9 @@ def post(client: httpx.Client, path: str, doc: Json | bytes) -> Answer:
     start = time.monotonic()
     resp = client.post(path, content=content, headers={"content-type": "application/json"})
     seconds = time.monotonic() - start
-    assert seconds < ANSWER_WITHIN, f"{path} took {seconds:.2f}s"
+    # Bounded work: a review past every limit is answered in milliseconds (the admission bench
+    # has the figure); only work that grows with a hostile number could take this long.
+    assert seconds < STALL, f"{path} took {seconds:.2f}s"
     body = orjson.loads(resp.content)
     if resp.status_code == 200:
         response = body["response"]
@@ -461,7 +462,7 @@ def test_probes_and_pod_reviews_answer_while_hostile_reviews_are_judged(target: 
     latencies: dict[str, float] = {"healthz": 0.0, "readyz": 0.0, "pod": 0.0}
     try:
         with (
-            httpx.Client(timeout=5) as probes,
+            httpx.Client(timeout=STALL) as probes,
             target.served.client(target.served.proc.url) as client,
         ):
             health = target.served.proc.health_url
@@ -482,8 +483,11 @@ def test_probes_and_pod_reviews_answer_while_hostile_reviews_are_judged(target: 
             t.join(timeout=30)
     assert not failures, failures
     assert len(slowest) >= 6, slowest  # the attackers did get through their bodies
-    assert max(slowest) < ANSWER_WITHIN, max(slowest)
-    assert max(latencies.values()) < PROBES_WITHIN, latencies
+    assert max(slowest) < STALL, max(slowest)
+    # Nothing waits for the attack: a probe or a pod review waits at most for the reviews being
+    # judged when it came (on this event loop, one per attacker), not for the attackers' turns.
+    # Relative to the hostile reviews' own time, a loaded machine slows both alike.
+    assert max(latencies.values()) < 1.0 + 2 * max(slowest), (latencies, max(slowest))
 
 
 # --- 5. connections ---------------------------------------------------------------------------
@@ -538,14 +542,14 @@ def test_a_1_mib_header_section_is_431_and_others_are_answered(target: Target) -
     assert answer.startswith(b"HTTP/1.1 431 "), (sent, answer[:200])
     assert b"connection: close" in answer.lower()
     assert sent < 512 * 1024, f"the server read {sent} bytes of headers before refusing"
-    assert closed_within(sock, 2)
+    assert closed_within(sock, STALL)
     sock.close()
     assert post(target.client, POD_PATH, fixture(POD_REVIEW)).status == 200
 
 
 def test_a_head_request_is_answered_and_keeps_pipelined_answers_in_order(target: Target) -> None:
-    """uvicorn writes no body for HEAD: the answer's head, held to go out with the body, must
-    still go out at once, and the answer to a request pipelined behind it must follow it."""
+    """uvicorn writes no body for HEAD: the answer's head goes out at once, and the answer to a
+    request pipelined behind it follows it."""
     sock = tls_connect(target.served)
     head = b"HEAD /mutate--v1-pod HTTP/1.1\r\nhost: localhost\r\n\r\n"
     sock.sendall(head)
@@ -570,9 +574,9 @@ def test_a_head_request_is_answered_and_keeps_pipelined_answers_in_order(target:
 
 
 def test_pipelined_reviews_are_answered_in_order_each_in_full(target: Target) -> None:
-    """Reviews answered in one write each (the endpoint's path past ASGI's messages): several
-    sent at once on one connection come back in order, each with the head uvicorn would write
-    (date, server, content-type, a content-length that is the body's) and no close."""
+    """Several reviews sent at once on one connection come back in order, each with the head
+    uvicorn writes (date, server, content-type, a content-length that is the body's) and no
+    close."""
     sock = tls_connect(target.served)
     reviews = []
     for n in range(3):
@@ -619,10 +623,9 @@ def test_slow_clients_lose_their_connections(tmp_path: Path) -> None:
     does not hold it either (it stops at once, though this client never closes)."""
     with serve(tmp_path, "--body-timeout", "0.5", "--header-timeout", "1") as served:
         port = httpx.URL(served.proc.url).port
-        start = time.monotonic()
         with socket.create_connection(("127.0.0.1", port), timeout=5) as silent:
-            assert closed_within(silent, 5), "not closed within 5 s"
-        assert time.monotonic() - start < 3, time.monotonic() - start
+            # The 1 s header deadline, not asyncio's 60 s handshake timeout.
+            assert closed_within(silent, STALL), f"not closed within {STALL} s"
 
         sock = tls_connect(served)
         sock.sendall(
@@ -631,7 +634,7 @@ def test_slow_clients_lose_their_connections(tmp_path: Path) -> None:
         )
         answer = b""
         sock.settimeout(0.1)
-        deadline = time.monotonic() + 3
+        deadline = time.monotonic() + STALL
         while b"\r\n\r\n" not in answer and time.monotonic() < deadline:
             with contextlib.suppress(TimeoutError):
                 sock.sendall(b"{")
@@ -640,7 +643,7 @@ def test_slow_clients_lose_their_connections(tmp_path: Path) -> None:
         assert b"connection: close" in answer.lower(), answer
         trickled = 0
         closed = False
-        deadline = time.monotonic() + 2
+        deadline = time.monotonic() + STALL
         while time.monotonic() < deadline and not closed:
             try:
                 sock.sendall(b"{")
@@ -651,10 +654,9 @@ def test_slow_clients_lose_their_connections(tmp_path: Path) -> None:
             except (ConnectionError, ssl.SSLError, OSError):
                 closed = True
         assert closed, f"still open after trickling {trickled} more bytes"
-        start = time.monotonic()
         served.proc.process.send_signal(signal.SIGTERM)
-        assert served.proc.process.wait(timeout=30) == 0
-        assert time.monotonic() - start < 5, time.monotonic() - start
+        # At once, not after the 25 s its shutdown timeout would let a held connection take.
+        assert served.proc.process.wait(timeout=STALL) == 0
         sock.close()
 
 
@@ -779,7 +781,9 @@ def test_sigterm_under_keep_alive_load_leaves_no_request_unanswered(
     with server_process(cert_dir, "--shutdown-delay", delay) as proc:
         stopping = threading.Event()
         threads, load = keep_alive_load(proc, ca_file, clients=8, until=stopping)
-        time.sleep(1.5)
+        deadline = time.monotonic() + STALL
+        while load.answered <= 50 and time.monotonic() < deadline:
+            time.sleep(0.05)
         before = load.answered
         proc.process.send_signal(signal.SIGTERM)
         stopping.set()

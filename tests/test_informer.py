@@ -52,6 +52,7 @@ from tests.kube_emulator import (
     too_large_event,
 )
 from tests.nodes import node
+from tests.timing import STALL
 from webhook.core.nodes import NodeSummary
 from webhook.core.plan import pod_group_for_labels
 from webhook.kube import client as kube_client
@@ -584,7 +585,7 @@ async def test_served_pod_reviews_read_the_watched_cache_and_never_the_api(tmp_p
         await create(k, CLUSTER_RUNTIMES, cluster_runtime())
         await create(k, TRAINJOBS, trainjob())
         expected = {"podGroupName": POD_GROUP}
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + STALL
         while True:  # until the watches delivered both objects to the service
             answer = (await client.post(path, json=review)).json()
             assert answer["response"]["uid"] == review["request"]["uid"]
@@ -633,7 +634,7 @@ async def test_readyz_stays_503_while_a_list_fails_but_reviews_are_answered(tmp_
             assert (await readyz(client, proc)).status_code == 503
 
             failing.clear()  # the API server recovers: the next retry lists, the service is ready
-            await eventually_async(lambda: readyz(client, proc), 200, "/readyz 200", timeout=8)
+            await eventually_async(lambda: readyz(client, proc), 200, "/readyz 200", timeout=STALL)
 
 
 async def eventually_async(

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import copy
 import ssl
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ import pytest
 from cryptography import x509
 
 from tests.harness import fixture, fixture_cache, free_port, make_certs
+from tests.kube_emulator import eventually
 from webhook.admission.review import Decision
 from webhook.metrics.app import metrics_server
 from webhook.metrics.registry import Metrics
@@ -153,6 +155,7 @@ async def test_webhook_requests_latency_in_flight_and_decisions(tmp_path: Path) 
     unknown_runtime = copy.deepcopy(fixture("trainjob-create.validate.json"))
     unknown_runtime["request"]["object"]["spec"]["runtimeRef"]["name"] = "no-such-runtime"
     async with webhooks(tmp_path, m) as client:
+        start = time.monotonic()
         # bound before the first review: the common series exist at 0
         assert (
             sample("controller_runtime_webhook_requests_total", {"webhook": POD, "code": "200"})
@@ -169,6 +172,7 @@ async def test_webhook_requests_latency_in_flight_and_decisions(tmp_path: Path) 
         assert (await client.post(POD, content=b"not json")).status_code == 400
         assert (await client.post("/mutate-nothing", content=pod)).status_code == 404
         assert (await client.get(POD)).status_code == 405
+        elapsed = time.monotonic() - start
 
     def requests(path: str, code: int) -> float | None:
         labels = {"webhook": path, "code": str(code)}
@@ -186,7 +190,8 @@ async def test_webhook_requests_latency_in_flight_and_decisions(tmp_path: Path) 
     assert decisions(RUNTIME, "CREATE", "errored") == 1
     latency = "controller_runtime_webhook_latency_seconds"
     assert sample(f"{latency}_count", {"webhook": POD}) == 4
-    assert 0 < (sample(f"{latency}_sum", {"webhook": POD}) or 0) < 4
+    # In seconds: one after the other, the reviews took no longer than the test around them.
+    assert 0 < (sample(f"{latency}_sum", {"webhook": POD}) or 0) < elapsed
     assert sample("controller_runtime_webhook_requests_in_flight", {"webhook": POD}) == 0
     # Paths that are not webhooks are not counted: a client cannot make up label values.
     webhooks_seen = {
@@ -203,17 +208,21 @@ async def test_in_flight_counts_a_review_being_read(tmp_path: Path) -> None:
     m = Metrics()
     gauge = "controller_runtime_webhook_requests_in_flight"
     body = review("pod-create-by-job-controller.mutate.json")
+    rest = asyncio.Event()
 
     async def slow_body() -> AsyncIterator[bytes]:
         yield body[:100]
-        await asyncio.sleep(0.3)
+        await rest.wait()  # the rest of the body once the review is seen in flight
         yield body[100:]
 
     async with webhooks(tmp_path, m) as client:
         headers = {"content-length": str(len(body))}
         sending = asyncio.create_task(client.post(POD, content=slow_body(), headers=headers))
-        await asyncio.sleep(0.15)
-        assert m.registry.get_sample_value(gauge, {"webhook": POD}) == 1
+        await eventually(
+            lambda: m.registry.get_sample_value(gauge, {"webhook": POD}) == 1,
+            "the review counted in flight while its body comes",
+        )
+        rest.set()
         assert (await sending).status_code == 200
         assert m.registry.get_sample_value(gauge, {"webhook": POD}) == 0
 

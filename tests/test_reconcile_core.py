@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from tests.builders import rj, runtime, torch_node, trainjob
+from tests.timing import STALL
 from webhook.backends.native import pod_group, pod_group_drift, workload, workload_drift
 from webhook.core.fields import parse
 from webhook.core.ownership import controlled_by
@@ -203,7 +204,7 @@ async def test_rate_limited_keys_back_off_exponentially_per_key_and_forget_reset
     assert queue.add_rate_limited("b") == 0.01  # keys back off alone
     queue.forget("a")
     assert queue.failures("a") == 0
-    got = await asyncio.wait_for(queue.get(), 1)
+    got = await asyncio.wait_for(queue.get(), STALL)
     assert got in ("a", "b")
 
 
@@ -212,7 +213,7 @@ async def test_add_after_fires_once_with_the_earliest_delay() -> None:
     queue: WorkQueue[str] = WorkQueue()
     queue.add_after("a", 0.05)
     queue.add_after("a", 10)  # a later add does not postpone the earlier one
-    assert await asyncio.wait_for(queue.get(), 1) == "a"
+    assert await asyncio.wait_for(queue.get(), STALL) == "a"
 
 
 @async_test
@@ -222,7 +223,7 @@ async def test_shut_down_wakes_waiting_workers() -> None:
     await asyncio.sleep(0.01)
     queue.shut_down()
     with pytest.raises(ShutDown):
-        await asyncio.wait_for(waiter, 1)
+        await asyncio.wait_for(waiter, STALL)
 
 
 # --- events --------------------------------------------------------------------------------------

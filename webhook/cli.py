@@ -386,6 +386,13 @@ def _at_least_zero(text: str) -> float:
     return value
 
 
+def _at_least_zero_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError(text)
+    return value
+
+
 def _object_name(text: str) -> str:
     """Empty, or a name a cluster object may have (a DNS subdomain)."""
     from .core.fields import is_dns_subdomain
@@ -404,6 +411,7 @@ def _int32_seconds(text: str) -> int:
 
 _port.__name__ = "port (1-65535)"
 _at_least_zero.__name__ = "number >= 0"
+_at_least_zero_int.__name__ = "whole number >= 0"
 _object_name.__name__ = "object name (a DNS subdomain) or empty"
 _int32_seconds.__name__ = "seconds (0-2147483647)"
 
@@ -461,6 +469,11 @@ _SERVE_OPTIONS: list[tuple[str, str, Any, str, str]] = [
      "seconds a request's headers (and the TLS handshake) may take (slow clients get 408)"),
     ("--max-header-bytes", "MAX_HEADER_BYTES", _positive(int), str(64 * 1024),
      "larger request header sections get 431"),
+    ("--connection-max-requests", "CONNECTION_MAX_REQUESTS", _at_least_zero_int, "1000",
+     "requests a webhook connection carries before its answer closes it, so reviews spread "
+     "over the replicas (0: no bound)"),
+    ("--connection-max-age", "CONNECTION_MAX_AGE", _at_least_zero, "30",
+     "seconds after which a webhook connection's next answer closes it (0: no bound)"),
     ("--body-timeout", "BODY_TIMEOUT", _positive(float), "10",
      "seconds a request's body may take (slow clients get 408)"),
     ("--backends", "BACKENDS", _names, "",
@@ -630,6 +643,8 @@ def serve_command(args: argparse.Namespace) -> int:
         shutdown_delay=args.shutdown_delay,
         header_timeout=args.header_timeout,
         max_header_bytes=args.max_header_bytes,
+        connection_max_requests=args.connection_max_requests,
+        connection_max_age=args.connection_max_age,
         limits=Limits(max_body_bytes=args.max_body_bytes, body_timeout=args.body_timeout),
         backends=args.backends or None,
         schedulers={

@@ -15,9 +15,15 @@ Four server processes, each pinned to CPU 0 (the load generator is pinned to CPU
 - the same bare app inside the service's own server (hardened protocol, draining, reloading
   TLS): what the server costs apart from the service's app.
 
-The goals are printed with the ratios: pod mutation at 0.8x or more of the bare app by CPU per
-review with a p99 at most 1.3x, runtime validation at 0.3x or more (the bench repeats one
-runtime, as the API server's dry run and apply of one version do: the memo's hit path).
+The goal is printed last: the service's pod mutation at most 250 us of CPU per review (4,000
+reviews per second per core, ten times a busy cluster's pod creation rate). The ratios to the bare
+app are shown for information (the runtime scenario repeats one runtime, as the API server's dry
+run and apply of one version do: the memo's hit path).
+
+The services and the bare app in the service's server run with the service's default connection
+bounds (`Settings.connection_max_requests`, `connection_max_age`): an answer with `Connection:
+close` makes the generator dial again, so their CPU includes those TLS handshakes; the "conns"
+column counts the connections a run made.
 
 The load generator keeps `--concurrency` requests in flight over `--connections` keep-alive
 HTTP/1.1 connections (closed loop: each answer triggers the next request; fewer connections than
@@ -30,6 +36,10 @@ Every scenario runs `--rounds` times, interleaved; the best run is shown, with:
 - noise: the CPU other processes took from the server's core (a shared machine). Non-zero noise
   makes that row's figures low.
 - CPU/review: server CPU time per review, the steadiest figure when the machine is noisy.
+
+Last, for `--seconds`: /readyz and a pod review, every 20 ms each, while three connections send
+tests/test_hostile.py's reviews past every limit (the figures behind that test's behaviour:
+probes keep answering, nothing waits on the slow ones), with /readyz on the idle service first.
 
 In a closed loop p50 is about concurrency / throughput, so the p99 ratio mostly follows the
 throughput ratio. `--profile` runs cProfile inside the service process during each measured
@@ -44,6 +54,7 @@ import base64
 import collections
 import contextlib
 import cProfile
+import itertools
 import math
 import multiprocessing
 import multiprocessing.process
@@ -71,9 +82,8 @@ RUNTIME_FIXTURE = "clustertrainingruntime-create-level2.validate.json"
 POD_GROUP = "my-job-f438be8c51"  # the PodGroup the fixture pod must be put in
 SERVER_CPU = 0
 CLIENT_CPU = 1
-# The goals, against the bare app measured in the same run: (CPU per review ratio, p99 ratio).
-POD_TARGET = (0.8, 1.3)  # bare CPU/review / the service's >= 0.8, its p99 <= 1.3x the bare's
-RUNTIME_TARGET = (0.3, None)  # a runtime is checked once per version
+POD_CPU_GOAL = 250e-6  # seconds of the service's CPU per pod review, at most
+POD_SCENARIO = "service pod mutation"
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -209,15 +219,19 @@ def serve_bare_hardened(port: int, cert_dir: Path, log_file: Path) -> None:
     _child_setup(log_file)
     import uvloop
 
-    from webhook.server.protocol import Drain
-    from webhook.server.run import listen
+    from webhook.server.protocol import ConnectionLimits, Drain
+    from webhook.server.run import Settings, listen
     from webhook.server.servers import server
     from webhook.tls.reload import ReloadingContext
 
     async def main() -> None:
         tls = ReloadingContext(cert_dir / "tls.crt", cert_dir / "tls.key")
         tls.reload()
-        bare = server(bare_app, "127.0.0.1", port, 10.0, tls=tls, drain=Drain())
+        s = Settings()
+        limits = ConnectionLimits(
+            s.header_timeout, s.max_header_bytes, s.connection_max_requests, s.connection_max_age
+        )
+        bare = server(bare_app, "127.0.0.1", port, limits, tls=tls, drain=Drain())
         await bare.serve([listen("127.0.0.1", port)])
 
     uvloop.run(main())
@@ -287,14 +301,22 @@ def wait_started(child: Child, health_port: int | None, timeout: float = 30.0) -
 # --- load generator ----------------------------------------------------------------------------
 
 
+class ClosedByServer(ConnectionError):
+    """A request pipelined behind an answer that said `Connection: close`: send it again."""
+
+
 class Connection(asyncio.Protocol):
-    """One keep-alive HTTP/1.1 connection; requests may be pipelined, answers come in order."""
+    """One keep-alive HTTP/1.1 connection; requests may be pipelined, answers come in order.
+    An answer with `Connection: close` (the service bounds its connections' requests and age)
+    closes it; the requests behind that answer fail with `ClosedByServer`."""
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.waiters: collections.deque[asyncio.Future[bytes]] = collections.deque()
         self.buffer = bytearray()
         self.need = -1  # bytes of the response being read (head + body), once its head is in
+        self.closing = False  # the response being read says Connection: close
+        self.closed = False  # an answer said Connection: close
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's SSL one is no subclass
@@ -314,6 +336,7 @@ class Connection(asyncio.Protocol):
                 stop = head.find(b"\r\n", at + 2)
                 length = int(head[at + 17 : stop if stop >= 0 else len(head)])
                 self.need = end + 4 + length
+                self.closing = b"\r\nconnection: close" in head
             if len(self.buffer) < self.need:
                 return
             answer = bytes(self.buffer[: self.need])
@@ -322,9 +345,16 @@ class Connection(asyncio.Protocol):
             waiter = self.waiters.popleft()
             if not waiter.done():
                 waiter.set_result(answer)
+            if self.closing:
+                self.closed = True
+                self._fail(ClosedByServer("answered with Connection: close"))
+                return
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._fail(ConnectionError(f"connection lost: {exc}"))
+        if self.closed:
+            self._fail(ClosedByServer("answered with Connection: close"))
+        else:
+            self._fail(ConnectionError(f"connection lost: {exc}"))
 
     def _fail(self, error: Exception) -> None:
         while self.waiters:
@@ -373,7 +403,6 @@ class Scenario:
     check: Check
     baseline: str | None = None  # the bare scenario this one is compared with
     profile: bool = False
-    target: tuple[float, float | None] | None = None  # (by CPU/review at least, p99 at most)
 
 
 @dataclass
@@ -387,6 +416,7 @@ class Result:
     client_cpu: float
     noise: float  # CPU that other processes took from the server's core meanwhile
     tls: str
+    connections: int  # connections made, the first ones included
     profile: str | None = None
 
     @property
@@ -444,15 +474,30 @@ def busy_seconds(cpu: int | None) -> float:
 async def run_scenario(load: Load, scenario: Scenario) -> Result:
     loop = asyncio.get_running_loop()
     port = scenario.child.port
-    conns: list[Connection] = []
     transports: list[asyncio.BaseTransport] = []
+
+    async def connect() -> Connection:
+        transport, conn = await loop.create_connection(
+            Connection, "127.0.0.1", port, ssl=load.client_ssl, server_hostname="localhost"
+        )
+        transports.append(transport)
+        return conn
+
+    reopening: dict[int, asyncio.Future[Connection]] = {}
+
+    async def connection(slot: int) -> Connection:
+        """The slot's connection; a new one once the server has closed it."""
+        if conns[slot].closed:
+            if slot not in reopening:
+                reopening[slot] = asyncio.ensure_future(connect())
+            opening = reopening[slot]
+            conns[slot] = await opening
+            if reopening.get(slot) is opening:
+                del reopening[slot]
+        return conns[slot]
+
     try:
-        for _ in range(load.connections):
-            transport, conn = await loop.create_connection(
-                Connection, "127.0.0.1", port, ssl=load.client_ssl, server_hostname="localhost"
-            )
-            transports.append(transport)
-            conns.append(conn)
+        conns = [await connect() for _ in range(load.connections)]
         sslobj = transports[0].get_extra_info("ssl_object")
         tls = f"{sslobj.version()} {sslobj.cipher()[0]}" if sslobj is not None else "?"
         data = http_request(port, scenario.path, scenario.body)
@@ -468,20 +513,22 @@ async def run_scenario(load: Load, scenario: Scenario) -> Result:
         latencies: list[float] = []
         errors = 0
 
-        async def worker(conn: Connection) -> None:
+        async def worker(slot: int) -> None:
             nonlocal errors
             clock = time.perf_counter
             while not stopping:
+                conn = await connection(slot)
                 start = clock()
-                answer = await conn.request(data)
+                try:
+                    answer = await conn.request(data)
+                except ClosedByServer:  # pipelined behind a closing answer: not sent, again
+                    continue
                 if measuring:
                     latencies.append(clock() - start)
                     if not answer.startswith(b"HTTP/1.1 200 "):
                         errors += 1
 
-        tasks = [
-            asyncio.create_task(worker(conns[i % len(conns)])) for i in range(load.concurrency)
-        ]
+        tasks = [asyncio.create_task(worker(i % len(conns))) for i in range(load.concurrency)]
         core = SERVER_CPU if load.pinned else None
         try:
             await asyncio.sleep(load.warmup)
@@ -527,6 +574,7 @@ async def run_scenario(load: Load, scenario: Scenario) -> Result:
             client_cpu=client_cpu,
             noise=max(0.0, others),
             tls=tls,
+            connections=len(transports),
             profile=str(profile_file) if profile_file else None,
         )
     finally:
@@ -562,6 +610,109 @@ async def run_rounds(load: Load, scenarios: list[Scenario], rounds: int) -> dict
     return results
 
 
+# --- probes while hostile reviews are judged ----------------------------------------------------
+
+
+@dataclass
+class UnderAttack:
+    """Latencies (seconds) while `attackers` connections send the hostile tests' reviews."""
+
+    hostile: list[float]
+    probes: list[float]
+    pods: list[float]
+    idle_probes: list[float]
+
+
+async def under_attack(
+    load: Load, service: Child, health_port: int, pod_path: str, pod_body: bytes, seconds: float
+) -> UnderAttack:
+    """What tests/test_hostile.py's probes test asserts as behaviour, as figures: /readyz and a
+    pod review answered while three connections send reviews past every limit, and /readyz on
+    the idle service before."""
+    from tests.test_hostile import hostile_bodies
+
+    loop = asyncio.get_running_loop()
+
+    async def connect(port: int, tls: bool) -> Connection:
+        _, conn = await loop.create_connection(
+            Connection,
+            "127.0.0.1",
+            port,
+            ssl=load.client_ssl if tls else None,
+            server_hostname="localhost" if tls else None,
+        )
+        return conn
+
+    async def timed(
+        port: int, tls: bool, requests: Iterator[bytes], into: list[float], pause: float
+    ) -> None:
+        conn = await connect(port, tls)
+        try:
+            for data in requests:
+                if conn.closed:
+                    conn = await connect(port, tls)
+                start = time.perf_counter()
+                with contextlib.suppress(ClosedByServer):
+                    answer = await conn.request(data)
+                    if not answer.startswith(b"HTTP/1.1 "):
+                        raise RuntimeError(f"not an answer: {answer[:100]!r}")
+                    into.append(time.perf_counter() - start)
+                await asyncio.sleep(pause)
+        finally:
+            if conn.transport is not None:
+                conn.transport.close()
+
+    readyz = f"GET /readyz HTTP/1.1\r\nHost: 127.0.0.1:{health_port}\r\n\r\n".encode()
+    result = UnderAttack([], [], [], [])
+    idle = asyncio.create_task(
+        timed(health_port, False, itertools.repeat(readyz), result.idle_probes, 0.02)
+    )
+    await asyncio.sleep(1.0)
+    idle.cancel()
+    await asyncio.gather(idle, return_exceptions=True)
+    bodies = [http_request(service.port, path, body) for path, body in hostile_bodies()]
+    tasks = [
+        asyncio.create_task(
+            timed(service.port, True, itertools.islice(itertools.cycle(bodies), i, None),
+                  result.hostile, 0.0)
+        )
+        for i in range(3)
+    ] + [
+        asyncio.create_task(
+            timed(health_port, False, itertools.repeat(readyz), result.probes, 0.02)
+        ),
+        asyncio.create_task(
+            timed(service.port, True, itertools.repeat(http_request(service.port, pod_path,
+                  pod_body)), result.pods, 0.02)
+        ),
+    ]  # fmt: skip
+    await asyncio.sleep(seconds)
+    for task in tasks:
+        task.cancel()
+    outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+    failed = [o for o in outcomes if isinstance(o, Exception) and not isinstance(o, ClosedByServer)]
+    if failed:
+        raise RuntimeError("probes under attack: a task failed") from failed[0]
+    return result
+
+
+def print_under_attack(result: UnderAttack) -> None:
+    def figures(name: str, data: list[float]) -> None:
+        data = sorted(data)
+        if not data:
+            print(f"{name:<34} none answered")
+            return
+        p50 = data[len(data) // 2]
+        print(f"{name:<34} {len(data):>6,} {p50 * 1e3:>9.1f} {data[-1] * 1e3:>9.1f}")
+
+    print(f"\n{'while 3 connections send hostile reviews':<34} {'answers':>6} {'p50 ms':>9} "
+          f"{'max ms':>9}")  # fmt: skip
+    figures("/readyz, service idle (before)", result.idle_probes)
+    figures("hostile reviews", result.hostile)
+    figures("/readyz meanwhile", result.probes)
+    figures("pod review meanwhile", result.pods)
+
+
 # --- report ------------------------------------------------------------------------------------
 
 
@@ -573,7 +724,8 @@ def print_table(runs: dict[str, list[Result]], scenarios: list[Scenario]) -> Non
     rounds = max(len(r) for r in runs.values())
     print(
         f"{'scenario':<34} {'reviews/s':>9} {'p50 ms':>7} {'p99 ms':>7} {'server':>6} "
-        f"{'client':>6} {'noise':>5} {'CPU/review':>10} {'errors':>6}  all runs (reviews/s)"
+        f"{'client':>6} {'noise':>5} {'CPU/review':>10} {'errors':>6} {'conns':>5}  "
+        "all runs (reviews/s)"
     )
     for scenario in scenarios:
         r = best(runs[scenario.name])
@@ -581,18 +733,17 @@ def print_table(runs: dict[str, list[Result]], scenarios: list[Scenario]) -> Non
         print(
             f"{r.name:<34} {r.rate:>9,.0f} {r.percentile(0.5) * 1e3:>7.2f} "
             f"{r.percentile(0.99) * 1e3:>7.2f} {r.server_cpu:>6.0%} {r.client_cpu:>6.0%} "
-            f"{r.noise:>5.0%} {r.cpu_per_review * 1e6:>7.0f} us {r.errors:>6}  {every}"
+            f"{r.noise:>5.0%} {r.cpu_per_review * 1e6:>7.0f} us {r.errors:>6} "
+            f"{r.connections:>5}  {every}"
         )
     print(
         f"(best of {rounds} run(s) by reviews/s. server, client: the CPU the server process and "
         "the load generator used; noise: the CPU other processes took on the server's core; "
-        "CPU/review: server CPU time per review)"
+        "CPU/review: server CPU time per review; conns: connections made, the server closing "
+        "them at its bounds)"
     )
     print()
-    print(
-        f"{'against the bare app':<34} {'throughput':>10} {'p99':>7} {'by CPU/review':>14}   "
-        "target (by CPU/review, p99)"
-    )
+    print(f"{'against the bare app':<34} {'throughput':>10} {'p99':>7} {'by CPU/review':>14}")
     for scenario in scenarios:
         if scenario.baseline is None:
             continue
@@ -600,15 +751,13 @@ def print_table(runs: dict[str, list[Result]], scenarios: list[Scenario]) -> Non
         throughput = r.rate / base.rate
         p99 = r.percentile(0.99) / base.percentile(0.99)
         capacity = base.cpu_per_review / r.cpu_per_review
-        verdict = ""
-        if scenario.target is not None:
-            least, most = scenario.target
-            met = capacity >= least and (most is None or p99 <= most)
-            wanted = f">= {least:g}x" + (f", p99 <= {most:g}x" if most is not None else "")
-            verdict = f"{wanted}: {'met' if met else 'NOT met'}"
-        print(
-            f"{scenario.name:<34} {throughput:>9.2f}x {p99:>6.2f}x {capacity:>13.2f}x   {verdict}"
-        )
+        print(f"{scenario.name:<34} {throughput:>9.2f}x {p99:>6.2f}x {capacity:>13.2f}x")
+    pod = best(runs[POD_SCENARIO])
+    met = "met" if pod.cpu_per_review <= POD_CPU_GOAL else "NOT met"
+    print(
+        f"\nCPU per pod review (service pod mutation): {pod.cpu_per_review * 1e6:.0f} us; "
+        f"goal <= {POD_CPU_GOAL * 1e6:.0f} us: {met}"
+    )
     chosen = [best(runs[s.name]) for s in scenarios]
     idle = [r.name for r in chosen if r.server_cpu + r.noise < 0.9]
     if idle:
@@ -736,13 +885,13 @@ def main(argv: list[str] | None = None) -> None:
                 check_pod_patch, baseline=bare_pod,
             ),
             Scenario(
-                "service pod mutation", service, pod_path, pod_body, check_pod_patch,
-                baseline=bare_pod, profile=True, target=POD_TARGET,
+                POD_SCENARIO, service, pod_path, pod_body, check_pod_patch,
+                baseline=bare_pod, profile=True,
             ),
             Scenario(bare_runtime, bare, runtime_path, runtime_body, check_allowed),
             Scenario(
                 "service runtime validation", service, runtime_path, runtime_body, check_allowed,
-                baseline=bare_runtime, profile=True, target=RUNTIME_TARGET,
+                baseline=bare_runtime, profile=True,
             ),
         ]  # fmt: skip
         if quiet is not None:
@@ -774,9 +923,17 @@ def main(argv: list[str] | None = None) -> None:
         )
         import uvloop
 
-        runs = uvloop.run(run_rounds(load, scenarios, args.rounds))
+        async def measure() -> tuple[dict[str, list[Result]], UnderAttack]:
+            runs = await run_rounds(load, scenarios, args.rounds)
+            attack = await under_attack(
+                load, service, health["service"], pod_path, pod_body, args.seconds
+            )
+            return runs, attack
+
+        runs, attack = uvloop.run(measure())
         print(f"TLS {runs[bare_pod][0].tls}; the service logs at INFO, one JSON line per review\n")
         print_table(runs, scenarios)
+        print_under_attack(attack)
         print()
         for child in started:
             print(

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 import uvicorn
 
 from ..server.logs import FIELDS
+from ..server.protocol import ConnectionLimits
 from ..server.servers import server
 from ..tls.reload import ReloadingContext
 from .auth import AuthResult
@@ -92,7 +93,7 @@ def metrics_server(
     app: ASGIApp, host: str, port: int, tls: ReloadingContext, header_timeout: float = 10.0
 ) -> uvicorn.Server:
     """uvicorn for `app` on `tls`'s certificate, configured as the webhook server is."""
-    return server(app, host, port, header_timeout, tls)
+    return server(app, host, port, ConnectionLimits(header_timeout=header_timeout), tls)
 
 
 class NoCluster:

@@ -3,14 +3,12 @@
 Each webhook path is a small raw-ASGI endpoint: the body is read once (bounded in size and time),
 parsed once with orjson and answered with orjson. An exact-path dispatcher hands reviews straight
 to their endpoint and everything else to a FastAPI app (404/405 answers, logged); a review passes
-through no middleware, which on the pod path would cost as much as the review itself (see
-`make bench`).
+through no FastAPI routing or middleware.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -37,7 +35,6 @@ from ..kube.cache import Cache
 from ..metrics.registry import Metrics
 from ..metrics.webhooks import WebhookMeter
 from .logs import FIELDS
-from .protocol import BODY_RECEIVED, Cycle, own_cycle
 from .reviewlog import ReviewLog
 
 log = logging.getLogger("webhook.admission")
@@ -65,7 +62,7 @@ class _BodyError(Exception):
         self.status = status
 
 
-async def _read_body(receive: Receive, scope: Scope, limits: Limits, cycle: Cycle | None) -> bytes:
+async def _read_body(receive: Receive, scope: Scope, limits: Limits) -> bytes:
     for name, value in scope.get("headers", ()):
         if name == b"content-length":
             try:
@@ -74,21 +71,10 @@ async def _read_body(receive: Receive, scope: Scope, limits: Limits, cycle: Cycl
                 raise _BodyError(400, "Content-Length is not a number") from None
             if declared > limits.max_body_bytes:
                 raise _BodyError(413, f"body over {limits.max_body_bytes} bytes")
-    whole = cycle.body_in_full() if cycle is not None else None
-    if whole is not None:  # this server's connection has it all: no receive, no deadline
-        if len(whole) > limits.max_body_bytes:
-            raise _BodyError(413, f"body over {limits.max_body_bytes} bytes")
-        return whole
     chunks: list[bytes] = []
     size = 0
-    # A body already in full (the protocol says so) needs no deadline, nor its timer.
-    deadline = (
-        contextlib.nullcontext()
-        if scope.get(BODY_RECEIVED)
-        else asyncio.timeout(limits.body_timeout)
-    )
     try:
-        async with deadline:
+        async with asyncio.timeout(limits.body_timeout):
             while True:
                 message = await receive()
                 if message["type"] == "http.disconnect":
@@ -108,9 +94,7 @@ _JSON = (b"content-type", b"application/json")
 _CLOSE = (b"connection", b"close")
 
 
-async def _send(send: Send, status: int, body: bytes, cycle: Cycle | None = None) -> None:
-    if cycle is not None and cycle.respond(status, _JSON[1], body, status in _CLOSING):
-        return  # written whole, as the two messages below would write it
+async def _send(send: Send, status: int, body: bytes) -> None:
     headers = [_JSON, (b"content-length", b"%d" % len(body))]
     if status in _CLOSING:
         headers.append(_CLOSE)
@@ -151,12 +135,11 @@ class AdmissionEndpoint:
 
     async def _answer(self, scope: Scope, receive: Receive, send: Send, start: float) -> int:
         """Reads, judges and answers one review; returns the HTTP status sent."""
-        cycle = own_cycle(send)
         try:
-            body = await _read_body(receive, scope, self.limits, cycle)
+            body = await _read_body(receive, scope, self.limits)
         except _BodyError as err:
             self._log_rejected(err.status, str(err), start)
-            await _send(send, err.status, orjson.dumps({"error": str(err)}), cycle)
+            await _send(send, err.status, orjson.dumps({"error": str(err)}))
             return err.status
         review: Review | None = None
         try:
@@ -166,14 +149,14 @@ class AdmissionEndpoint:
         except BadReview as err:
             if err.uid is None:  # nothing to answer a review with: a plain 400
                 self._log_rejected(400, str(err), start)
-                await _send(send, 400, orjson.dumps({"error": str(err)}), cycle)
+                await _send(send, 400, orjson.dumps({"error": str(err)}))
                 return 400
             decision, uid = errored(400, str(err)), err.uid
         except Exception:  # a bug of ours must not become a traceback to the API server
             uid = review.uid if review is not None else ""
             log.exception("handler failed", extra={FIELDS: {"uid": uid}})
             if review is None:
-                await _send(send, 500, orjson.dumps({"error": "internal error"}), cycle)
+                await _send(send, 500, orjson.dumps({"error": "internal error"}))
                 return 500
             decision = errored(500, f"internal error in {self.webhook.path}; see the service log")
         out, patch_bytes = encode(uid, decision)
@@ -181,7 +164,7 @@ class AdmissionEndpoint:
         self._log_review(review, uid, decision, patch_bytes, start)
         if self.meter is not None:
             self.meter.decided(review.operation if review is not None else "", decision)
-        await _send(send, 200, out, cycle)
+        await _send(send, 200, out)
         return 200
 
     def _log_review(

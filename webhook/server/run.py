@@ -45,7 +45,7 @@ from ..reconcile.reconciler import CONTROLLER, Reconciler, ReconcilerSettings
 from ..tls.reload import ReloadingContext
 from .app import Limits, Readiness, admission_app, health_app
 from .certificates import Certificates, CertSettings, certificates
-from .protocol import Drain
+from .protocol import ConnectionLimits, Drain
 from .reviewlog import ReviewLog
 from .servers import MAX_HEADER_BYTES, QuietServer, server
 
@@ -82,6 +82,10 @@ class Settings:
     cert_poll_seconds: float = 5.0
     header_timeout: float = 10.0  # a request's headers must arrive within this (slowloris)
     max_header_bytes: int = MAX_HEADER_BYTES  # larger header sections get 431
+    # A webhook connection's answer closes it after this many requests or seconds (0: no
+    # bound), so that clients dial again and reviews spread over the replicas after a rollout.
+    connection_max_requests: int = 1000
+    connection_max_age: float = 30.0
     shutdown_timeout: float = 25.0  # under the pod's default 30 s grace period
     shutdown_delay: float = 0.0  # keep serving (not ready) this long after SIGTERM
     limits: Limits = field(default_factory=Limits)
@@ -96,15 +100,18 @@ class Settings:
     feasibility: Mode = "warn"  # gangs that could never fit: warn, deny, or off (no Node watch)
 
 
-def _server(app: Any, settings: Settings, port: int, **extra: Any) -> QuietServer:
-    return server(
-        app,
-        settings.host,
-        port,
-        settings.header_timeout,
-        max_header_bytes=settings.max_header_bytes,
-        **extra,
+def _server(
+    app: Any, settings: Settings, port: int, bounded: bool = False, **extra: Any
+) -> QuietServer:
+    """A server of the service; `bounded`: with the connection bounds (the webhooks')."""
+    s = settings
+    limits = ConnectionLimits(
+        header_timeout=s.header_timeout,
+        max_header_bytes=s.max_header_bytes,
+        max_requests=s.connection_max_requests if bounded else 0,
+        max_age=s.connection_max_age if bounded else 0.0,
     )
+    return server(app, s.host, port, limits, **extra)
 
 
 def _synced(store: Store) -> Callable[[], bool]:
@@ -138,6 +145,7 @@ class Service:
             admission_app(cache, s.limits, self.review_log, metrics=self.metrics),
             s,
             s.port,
+            bounded=True,
             tls=tls,
             drain=self.drain,
             timeout_graceful_shutdown=math.ceil(s.shutdown_timeout),

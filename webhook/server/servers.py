@@ -1,6 +1,7 @@
 """uvicorn as every server of the service runs it: our logs only, no lifespan, no signal
 handling of its own (the service decides when its servers stop), a deadline for the TLS
-handshake and for headers, a bound on header size, and (for the webhooks) draining on shutdown."""
+handshake and for headers, a bound on header size, and (for the webhooks) bounded connections
+and draining on shutdown (see `protocol.py`)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any
 import uvicorn
 
 from ..tls.reload import ReloadingContext
-from .protocol import Drain, protocol_class
+from .protocol import CloseWhenDue, ConnectionLimits, Drain, Guard
 
 MAX_HEADER_BYTES = 64 * 1024  # Go's net/http allows 1 MiB, nginx 8-32 KiB; the API server sends ~1
 # How long a closing TLS connection waits for the peer's close_notify (asyncio: 30 s). Go's TLS
@@ -22,9 +23,11 @@ TLS_SHUTDOWN_TIMEOUT = 2.0
 
 
 class QuietServer(uvicorn.Server):
-    """uvicorn without its own signal handling, with a deadline for TLS handshakes."""
+    """uvicorn without its own signal handling, with a deadline for TLS handshakes and each
+    connection behind a `Guard` (its limits, and the webhooks' bounds and draining)."""
 
-    handshake_timeout: float = 10.0
+    limits = ConnectionLimits()
+    drain: Drain | None = None
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -40,19 +43,20 @@ class QuietServer(uvicorn.Server):
         loop = asyncio.get_running_loop()
 
         def create_protocol(_loop: asyncio.AbstractEventLoop | None = None) -> asyncio.Protocol:
-            protocol: asyncio.Protocol = config.http_protocol_class(  # type: ignore[call-arg]
-                config=config,
-                server_state=self.server_state,
-                app_state=self.lifespan.state,
-                _loop=_loop,
-            )
-            return protocol
+            def uvicorns(state: dict[str, Any]) -> asyncio.Protocol:
+                # As uvicorn's own startup makes it, with the state its requests' scopes get.
+                protocol: asyncio.Protocol = config.http_protocol_class(  # type: ignore[call-arg]
+                    config=config, server_state=self.server_state, app_state=state, _loop=_loop
+                )
+                return protocol
+
+            return Guard(uvicorns, self.limits, self.drain, self.lifespan.state)
 
         tls: dict[str, Any] = {}
         if config.ssl is not None:
             tls = {
                 "ssl": config.ssl,
-                "ssl_handshake_timeout": self.handshake_timeout,
+                "ssl_handshake_timeout": self.limits.header_timeout,
                 "ssl_shutdown_timeout": TLS_SHUTDOWN_TIMEOUT,
             }
         self.servers = [
@@ -66,22 +70,21 @@ def server(
     app: Any,
     host: str,
     port: int,
-    header_timeout: float,
+    limits: ConnectionLimits,
     tls: ReloadingContext | None = None,
-    max_header_bytes: int = MAX_HEADER_BYTES,
     drain: Drain | None = None,
     **extra: Any,
 ) -> QuietServer:
-    """A server for `app`; with `tls`, on its certificate (new connections get a rotated one);
-    with `drain`, its connections drain when `drain.begin()` is called.
+    """A server for `app` with these limits; with `tls`, on its certificate (new connections get
+    a rotated one); with `drain`, its connections drain when `drain.begin()` is called.
     Serve it with `await server.serve([listen(host, port)])`; stop it with `should_exit`."""
     if tls is not None:
         extra["ssl_context_factory"] = lambda config, default: tls.context
     config = uvicorn.Config(
-        app,
+        CloseWhenDue(app),
         host=host,
         port=port,
-        http=protocol_class(header_timeout, max_header_bytes, drain),
+        http="httptools",
         log_config=None,
         access_log=False,
         lifespan="off",
@@ -89,5 +92,5 @@ def server(
         **extra,
     )
     quiet = QuietServer(config)
-    quiet.handshake_timeout = header_timeout
+    quiet.limits, quiet.drain = limits, drain
     return quiet

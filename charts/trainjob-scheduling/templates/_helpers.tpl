@@ -101,6 +101,8 @@ matchExpressions:
 - --resync-period={{ $s.resyncPeriodSeconds }}
 - --shutdown-delay={{ $s.shutdownDelaySeconds }}
 - --shutdown-timeout={{ $s.shutdownTimeoutSeconds }}
+- --connection-max-requests={{ $s.connectionMaxRequests }}
+- --connection-max-age={{ $s.connectionMaxAgeSeconds }}
 {{- with $s.watchNamespaces }}
 - --watch-namespaces={{ join "," . }}
 {{- end }}
