@@ -179,7 +179,7 @@ class Gang:
 
     name: str  # the group object's (PodGroup's) name
     min_count: int | None  # gang policy only
-    exists: bool  # its object is stored
+    exists: bool  # its object is stored (one being created waits for the scheduler too)
     scheduled: bool
     verdict: str  # Scheduled, NotEvaluated, Unschedulable, SchedulerError or Other
     scheduler_message: str = ""
@@ -234,20 +234,12 @@ def decide(situation: Situation, stored: Mapping[str, Any] | None, now: str) -> 
     if s.dropped is not None:
         return _desired(FEATURE_GATE_OFF, s.dropped)
     gangs = [g for g in s.gangs if g.min_count is not None] or list(s.gangs)
-    missing = [g for g in s.gangs if not g.exists]
-    if missing:
-        return _desired(
-            WAITING_FOR_SCHEDULER, f"creating its gang objects ({missing[0].name} is not made yet)"
-        )
     if all(g.scheduled for g in gangs):
         filling = [(g, n) for g in gangs if (n := g.short())]
-        if filling:  # admitted, its pods still being bound
-            g, n = filling[0]
-            assert g.min_count is not None
+        if filling:  # admitted, its pods still being bound: no count (a write per bind)
             return _desired(
                 WAITING_FOR_SCHEDULER,
-                f"gang {g.name} is admitted; {g.min_count - n} of its {g.min_count} pods are "
-                "bound so far",
+                f"gang {filling[0][0].name} is admitted; its pods are being bound",
             )
         return _desired(SCHEDULED, _scheduled_message(gangs))
     if s.infeasible is not None:
@@ -258,10 +250,12 @@ def decide(situation: Situation, stored: Mapping[str, Any] | None, now: str) -> 
         ("Other", SCHEDULER_ERROR),
         ("Unschedulable", WAITING_FOR_CAPACITY),
     ):
-        g = next((g for g in waiting if g.verdict == verdict), None)
-        if g is not None:
-            said = shorten(g.scheduler_message, MAX_SCHEDULER_MESSAGE)
-            text = f"gang {g.name}: the scheduler says {said}" if said else f"gang {g.name}"
+        judged = next((g for g in waiting if g.verdict == verdict), None)
+        if judged is not None:
+            said = shorten(judged.scheduler_message, MAX_SCHEDULER_MESSAGE)
+            text = (
+                f"gang {judged.name}: the scheduler says {said}" if said else f"gang {judged.name}"
+            )
             if reason == WAITING_FOR_CAPACITY:
                 text = f"waiting for capacity: {text}" if said else f"{text} does not fit now"
             return _desired(reason, text + _more(waiting))

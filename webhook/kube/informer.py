@@ -73,6 +73,7 @@ class Informer:
         not_served_hint: str = NOT_SERVED,
         forbidden_hint: str = "",
         page_size: int | None = None,
+        label_selector: str | None = None,
         on_restart: Callable[[], None] | None = None,
         sleep: Sleep = asyncio.sleep,
         clock: Callable[[], float] = time.monotonic,
@@ -85,6 +86,7 @@ class Informer:
         self.forbidden_hint = forbidden_hint
         """Said with a 403; the same failure again is then logged at debug only."""
         self.page_size = page_size
+        self.selector = [("labelSelector", label_selector)] if label_selector else []
         self._last_error = ""
         self.watch_timeout = watch_timeout
         self.backoff = backoff or Backoff()
@@ -128,7 +130,7 @@ class Informer:
         items: list[dict[str, Any]] = []
         token: str | None = None
         while True:
-            query: list[tuple[str, Any]] = []
+            query: list[tuple[str, Any]] = [*self.selector]
             if self.page_size:
                 query.append(("limit", self.page_size))
             if token:
@@ -158,6 +160,7 @@ class Informer:
             ("watch", "true"),
             ("allowWatchBookmarks", "true"),
             ("timeoutSeconds", self.watch_timeout),
+            *self.selector,
         ]
         if self.resource_version:
             query.append(("resourceVersion", self.resource_version))
