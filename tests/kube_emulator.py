@@ -72,12 +72,14 @@ import bisect
 import contextlib
 import copy
 import datetime
+import functools
 import json
 import random
+import re
 import string
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,11 +87,16 @@ import aiohttp.web
 import attrs
 import jsonpatch
 import jsonpointer
+import jsonschema
 import kmock
 import yaml
 from kmock import KubernetesEmulator, Server
 from kmock._internal.rendering import Response  # not exported by kmock 0.8: a status and a body
 from kubernetes.aio.client import ApiClient, Configuration
+
+from tests import apiserver_apply as ssa
+from tests.crd_schema import crd_validator
+from tests.paths import SHARED
 
 TRAINER = "trainer.kubeflow.org"
 VERSION = "v1alpha1"
@@ -119,6 +126,7 @@ WATCH = kmock.action.WATCH
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
+APPLY_PATCH = "application/apply-patch+yaml"
 OPTIMISTIC_LOCK = (
     "the object has been modified; please apply your changes to the latest version and try again"
 )
@@ -127,8 +135,9 @@ Json = dict[str, Any]
 Key = tuple[kmock.resource, str | None, str]  # kmock's object key: resource, namespace, name
 
 ALL_VERBS = {"create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"}
-_TRAINER_KINDS = {
-    TRAINJOBS: ("TrainJob", True),
+Declared = tuple[str, bool] | tuple[str, bool, str]  # kind, namespaced, (subresource)
+_TRAINER_KINDS: dict[kmock.resource, Declared] = {
+    TRAINJOBS: ("TrainJob", True, "status"),  # the CRD's `subresources: {status: {}}`
     TRAINING_RUNTIMES: ("TrainingRuntime", True),
     CLUSTER_RUNTIMES: ("ClusterTrainingRuntime", False),
 }
@@ -145,10 +154,16 @@ _SERVICE_KINDS = {  # what the service writes
 }
 
 
-def _declare(emulator: KubernetesEmulator, kinds: dict[kmock.resource, tuple[str, bool]]) -> None:
-    for resource, (kind, namespaced) in kinds.items():
+# The kinds whose writes keep `metadata.managedFields` and take server-side apply: their CRD
+# (in shared/reference/crds), whose schema gives the list types and validates the status.
+_CRD_FILES = {TRAINJOBS: "trainer.kubeflow.org_trainjobs.yaml"}
+
+
+def _declare(emulator: KubernetesEmulator, kinds: Mapping[kmock.resource, Declared]) -> None:
+    """Each kind: its name, whether it is namespaced, and (optionally) its subresource."""
+    for resource, (kind, namespaced, *subresources) in kinds.items():
         emulator.resources[resource] = kmock.ResourceInfo(
-            kind=kind, namespaced=namespaced, verbs=ALL_VERBS
+            kind=kind, namespaced=namespaced, verbs=ALL_VERBS, subresources=set(subresources)
         )
 
 
@@ -235,10 +250,41 @@ def unknown_resource() -> ApiError:
     return ApiError(404, "NotFound", "the server could not find the requested resource")
 
 
-def unsupported_patch() -> ApiError:
-    accepted = f"{JSON_PATCH}, {MERGE_PATCH}, {STRATEGIC_MERGE_PATCH}"
+def unsupported_patch(custom: bool) -> ApiError:
+    """A custom resource takes no strategic merge patch; a built-in one no apply, here."""
+    accepted = f"{JSON_PATCH}, {MERGE_PATCH}, " + (APPLY_PATCH if custom else STRATEGIC_MERGE_PATCH)
     message = "the body of the request was in an unknown format - accepted media types include: "
     return ApiError(415, "UnsupportedMediaType", message + accepted)
+
+
+def invalid_patch_options(field: str, reason: str, why: str) -> ApiError:
+    """PatchOptions the API server refuses (no fieldManager for an apply, force without one)."""
+    message = f'PatchOptions.meta.k8s.io "" is invalid: {field}: {why}'
+    cause = {"reason": reason, "message": why, "field": field}
+    details = {"group": "meta.k8s.io", "kind": "PatchOptions", "causes": [cause]}
+    return ApiError(422, "Invalid", message, details)
+
+
+def invalid_object(resource: kmock.resource, kind: str, name: str, causes: list[Json]) -> ApiError:
+    """A custom resource its CRD's schema rejects, a cause per field."""
+    texts = [f"{c['field']}: {c['message']}" for c in causes]
+    listed = texts[0] if len(texts) == 1 else "[" + ", ".join(texts) + "]"
+    message = f'{kind}.{resource.group} "{name}" is invalid: {listed}'
+    details = {"name": name, "group": resource.group, "kind": kind, "causes": causes}
+    return ApiError(422, "Invalid", message, details)
+
+
+def apply_conflict(conflicts: list[ssa.Conflict]) -> ApiError:
+    """409 for an apply that would change fields other managers own (NewApplyConflict)."""
+    causes = [
+        {
+            "reason": "FieldManagerConflict",
+            "message": f"conflict with {c.manager.describe()}",
+            "field": ssa.pretty(c.path),
+        }
+        for c in conflicts
+    ]
+    return ApiError(409, "Conflict", ssa.conflict_message(conflicts), {"causes": causes})
 
 
 # --- field selectors ----------------------------------------------------------------------------
@@ -533,6 +579,7 @@ class VersionedEmulator(KubernetesEmulator):
 
     async def _serve_fetch(self, request: kmock.Request) -> kmock.Payload:
         resource = self._resource(request)
+        self._subresource(request, resource)  # `.../status` reads the whole object
         name = request.name or ""
         async with self._lock:
             obj = self._live((resource, request.namespace, name))
@@ -654,6 +701,14 @@ class VersionedEmulator(KubernetesEmulator):
             meta["namespace"] = namespace
         key = (resource, namespace, name)
         _validate(resource, name, obj, None)
+        if "status" in self._subresources(resource):
+            obj.pop("status", None)  # written only through `.../status`
+        schema = _schema(resource)
+        if schema is not None:
+            mine = ssa.Entry(_manager(request), "Update", _api_version(resource), "", _now())
+            managers = ssa.decode_managers(meta.get("managedFields"))
+            managers = ssa.updated(managers, mine, {}, _unmanaged(obj), schema)
+            meta["managedFields"] = ssa.encode_managers(managers)
         async with self._lock:
             if self._live(key) is not None:
                 raise already_exists(resource, name)
@@ -662,8 +717,9 @@ class VersionedEmulator(KubernetesEmulator):
         return Response(status=201, payload=created)
 
     async def _serve_replace(self, request: kmock.Request) -> kmock.Payload:
-        """PUT: the body is the whole new object."""
+        """PUT: the body is the whole new object (of `.../status`: its status)."""
         resource = self._resource(request)
+        subresource = self._subresource(request, resource)
         if request.name is None:
             raise ApiError(405, "MethodNotAllowed", "PUT is only served for one object")
         obj = _json_object(request)
@@ -673,19 +729,29 @@ class VersionedEmulator(KubernetesEmulator):
                 f"the name of the object ({body_name}) does not match the name on the URL "
                 f"({request.name})"
             )
+        _no_force(request)
         key = (resource, request.namespace, request.name)
         async with self._lock:
             stored = self._live(key)
             if stored is None:
                 raise not_found(resource, request.name)
-            return await self._update(key, stored, obj)
+            return await self._update(key, stored, obj, subresource, _manager(request))
 
     async def _serve_update(self, request: kmock.Request) -> kmock.Payload:
         """PATCH, by its Content-Type."""
         resource = self._resource(request)
+        subresource = self._subresource(request, resource)
         media_type = _media_type(request)
-        if media_type not in (MERGE_PATCH, JSON_PATCH, STRATEGIC_MERGE_PATCH):
-            raise unsupported_patch()
+        custom = resource in _CRD_FILES
+        if media_type not in (
+            MERGE_PATCH,
+            JSON_PATCH,
+            APPLY_PATCH if custom else STRATEGIC_MERGE_PATCH,
+        ):
+            raise unsupported_patch(custom)
+        if media_type == APPLY_PATCH:
+            return await self._serve_apply(request, resource, subresource)
+        _no_force(request)
         name = request.name or ""
         body = _json_body(request)
         key = (resource, request.namespace, name)
@@ -699,24 +765,113 @@ class VersionedEmulator(KubernetesEmulator):
                 patched = merge_patch(stored, body)
             else:
                 raise bad_request("a merge patch must be a JSON object")
-            return await self._update(key, stored, patched)
+            return await self._update(key, stored, patched, subresource, _manager(request))
 
-    async def _update(self, key: Key, stored: Json, new: Json) -> Json:
+    async def _update(
+        self, key: Key, stored: Json, new: Json, subresource: str, manager: str
+    ) -> Json:
         """The end of every PUT and PATCH: concurrency checks, then what the server keeps."""
         resource, _, name = key
         _validate(resource, name, new, stored)
+        _preconditions(resource, name, _meta(new), _meta(stored))
+        new = self._kept(resource, stored, new, subresource)
+        schema = _schema(resource)
+        if schema is not None:
+            mine = ssa.Entry(manager, "Update", _api_version(resource), subresource, _now())
+            given = _meta(new).get("managedFields") if not subresource else None
+            managers = ssa.decode_managers(given or _meta(stored).get("managedFields"))
+            managers = ssa.updated(managers, mine, _unmanaged(stored), _unmanaged(new), schema)
+            _meta(new)["managedFields"] = ssa.encode_managers(managers)
+        return await self._store(key, stored, new)
+
+    async def _serve_apply(
+        self, request: kmock.Request, resource: kmock.resource, subresource: str
+    ) -> kmock.Payload:
+        """Server-side apply (`application/apply-patch+yaml`) of an existing object: the
+        configuration merged in, its fields owned by `fieldManager`, conflicts refused unless
+        `force=true`."""
+        manager = request.params.get("fieldManager") or ""
+        if not manager:
+            why = "Required value: is required for apply patch"
+            raise invalid_patch_options("fieldManager", "FieldValueRequired", why)
+        force = request.params.get("force") == "true"
+        name = request.name or ""
+        config = self._configuration(request, resource, subresource)
+        schema = _schema(resource)
+        assert schema is not None  # only custom resources with a CRD take an apply
+        key = (resource, request.namespace, name)
+        async with self._lock:
+            stored = self._live(key)
+            if stored is None:
+                raise not_found(resource, name)  # an apply that creates: not emulated
+            _preconditions(resource, name, _meta(config), _meta(stored))
+            for field in ("uid", "resourceVersion"):
+                _meta(config).pop(field, None)
+            mine = ssa.Entry(manager, "Apply", _api_version(resource), subresource, _now())
+            managers = ssa.decode_managers(_meta(stored).get("managedFields"))
+            live = _unmanaged(stored)
+            try:
+                new, managers = ssa.applied(managers, mine, live, config, schema, force=force)
+            except ssa.ApplyConflict as err:
+                raise apply_conflict(err.conflicts) from None
+            except ssa.SchemaError as err:
+                raise invalid_object(resource, _kind(resource), name, [_cause(err)]) from None
+            previous = next((e for e in managers.values() if e.identity == mine.identity), None)
+            if previous is not None and new == live:
+                old = ssa.decode_managers(_meta(stored).get("managedFields")).get(mine.identity)
+                previous.time = old.time if old is not None else previous.time  # nothing changed
+            new = self._kept(resource, stored, new, subresource)
+            _meta(new)["managedFields"] = ssa.encode_managers(managers)
+            return await self._store(key, stored, new)
+
+    def _configuration(
+        self, request: kmock.Request, resource: kmock.resource, subresource: str
+    ) -> Json:
+        """An apply's body, checked; of `.../status`, only its status counts."""
+        try:
+            body = yaml.safe_load(request.body or b"")
+        except yaml.YAMLError as err:
+            raise bad_request(f"error decoding YAML: {err}") from None
+        if not isinstance(body, dict):
+            raise bad_request("error decoding YAML: the body is not an object")
+        expected = _api_version(resource)
+        if body.get("apiVersion") != expected:
+            raise bad_request(
+                "Incorrect version specified in apply patch. Specified patch version: "
+                f"{body.get('apiVersion') or ''}, expected: {expected}"
+            )
+        if body.get("kind") != _kind(resource):
+            raise bad_request(f"Object 'Kind' is missing or wrong in '{request.body!r:.100}'")
+        meta = _meta(body)
+        if meta.get("name") != request.name:
+            raise bad_request(
+                f"the name of the object ({meta.get('name')}) does not match the name on the URL "
+                f"({request.name})"
+            )
+        if meta.get("managedFields"):
+            raise bad_request("metadata.managedFields must be nil")
+        if subresource == "status":
+            kept = {
+                k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion") if k in meta
+            }
+            body = {"apiVersion": expected, "kind": body["kind"], "metadata": kept} | (
+                {"status": body["status"]} if "status" in body else {}
+            )
+        elif "status" in self._subresources(resource):
+            body.pop("status", None)  # the status subresource's, not this endpoint's
+        return body
+
+    def _kept(self, resource: kmock.resource, stored: Json, new: Json, subresource: str) -> Json:
+        """What a write keeps of `new`: the server's own metadata, and, for a kind with a
+        status subresource, only the status (written there) or all but it (written here)."""
         meta, old = _meta(new), _meta(stored)
-        if meta.get("uid") and meta["uid"] != old.get("uid"):
-            why = f"Precondition failed: UID in precondition: {meta['uid']}, "
-            raise conflict(resource, name, why + f"UID in object meta: {old.get('uid')}")
-        if meta.get("resourceVersion") and meta["resourceVersion"] != old.get("resourceVersion"):
-            raise conflict(resource, name)
         for field in (
             "name",
             "namespace",
             "uid",
             "creationTimestamp",
             "resourceVersion",
+            "generation",
             "deletionTimestamp",
             "deletionGracePeriodSeconds",
         ):
@@ -724,6 +879,24 @@ class VersionedEmulator(KubernetesEmulator):
                 meta[field] = old[field]
             else:
                 meta.pop(field, None)
+        if "status" not in self._subresources(resource):
+            return new
+        base, source = (stored, new) if subresource == "status" else (new, stored)
+        kept = copy.deepcopy(base)
+        if "status" in source:
+            kept["status"] = copy.deepcopy(source["status"])
+        else:
+            kept.pop("status", None)
+        if kept.get("status") != stored.get("status"):
+            _validate_status(resource, _meta(stored).get("name") or "", kept)
+        return kept
+
+    async def _store(self, key: Key, stored: Json, new: Json) -> Json:
+        """Stores a write's result: `generation` counts changes to all but metadata and status;
+        a write that changes nothing stores nothing."""
+        meta, old = _meta(new), _meta(stored)
+        if not meta.get("managedFields"):
+            meta.pop("managedFields", None)
         changed = _content(new) != _content(stored)
         meta["generation"] = int(old.get("generation") or 1) + (1 if changed else 0)
         if old.get("deletionTimestamp") and not meta.get("finalizers"):
@@ -732,8 +905,21 @@ class VersionedEmulator(KubernetesEmulator):
             return stored  # a no-op: no new version, no event
         return await self._commit(key, "MODIFIED", new)
 
+    def _subresources(self, resource: kmock.resource) -> set[str]:
+        info = self._info(resource)
+        return set(info.subresources) if info is not None else set()
+
+    def _subresource(self, request: kmock.Request, resource: kmock.resource) -> str:
+        """The request's subresource ("" for the object itself): 404 if the kind has none."""
+        subresource = request.subresource or ""
+        if subresource and subresource not in self._subresources(resource):
+            raise unknown_resource()
+        return subresource
+
     async def _serve_delete(self, request: kmock.Request) -> kmock.Payload:
         resource = self._resource(request)
+        if self._subresource(request, resource):
+            raise ApiError(405, "MethodNotAllowed", "the server does not allow this method")
         name = request.name or ""
         options = _json_body(request)
         preconditions = options.get("preconditions") if isinstance(options, dict) else None
@@ -806,6 +992,144 @@ def _validate(resource: kmock.resource, name: str, obj: Json, old: Json | None) 
         missing = [f"data[{k}]: Required value" for k in ("tls.crt", "tls.key") if k not in data]
         if missing:
             raise invalid(resource, name, f'Secret "{name}" is invalid: ' + ", ".join(missing))
+
+
+def _preconditions(resource: kmock.resource, name: str, meta: Json, old: Json) -> None:
+    """A write's uid and resourceVersion, if set, must be the stored ones (409 otherwise)."""
+    if meta.get("uid") and meta["uid"] != old.get("uid"):
+        why = f"Precondition failed: UID in precondition: {meta['uid']}, "
+        raise conflict(resource, name, why + f"UID in object meta: {old.get('uid')}")
+    if meta.get("resourceVersion") and meta["resourceVersion"] != old.get("resourceVersion"):
+        raise conflict(resource, name)
+
+
+def _no_force(request: kmock.Request) -> None:
+    if "force" in request.params:
+        why = "Forbidden: may not be specified for non-apply patch"
+        raise invalid_patch_options("force", "FieldValueForbidden", why)
+
+
+def _manager(request: kmock.Request) -> str:
+    """The write's field manager: `fieldManager`, else the User-Agent up to its first `/`."""
+    given = request.params.get("fieldManager")
+    if given:
+        return given
+    agent = next((v for h, v in request.headers.items() if h.lower() == "user-agent"), "")
+    return agent.split("/")[0][:128]
+
+
+def _api_version(resource: kmock.resource) -> str:
+    return f"{resource.group}/{resource.version}".lstrip("/")
+
+
+def _unmanaged(obj: Json) -> Json:
+    """`obj` without its managedFields (what field ownership is computed over)."""
+    out = copy.deepcopy(obj)
+    _meta(out).pop("managedFields", None)
+    return out
+
+
+# --- custom resources: what their CRD says ------------------------------------------------------
+
+
+@functools.cache
+def _crd(file: str) -> Json:
+    path = SHARED / "reference" / "crds" / file
+    crd: Json = next(d for d in yaml.safe_load_all(path.read_text()) if d)
+    return crd
+
+
+def _kind(resource: kmock.resource) -> str:
+    file = _CRD_FILES.get(resource)
+    return str(_crd(file)["spec"]["names"]["kind"]) if file else ""
+
+
+@functools.cache
+def _crd_schema(file: str) -> ssa.Schema:
+    version = next(v for v in _crd(file)["spec"]["versions"] if v.get("storage"))
+    return ssa.Schema.of_object(version["schema"]["openAPIV3Schema"])
+
+
+def _schema(resource: kmock.resource) -> ssa.Schema | None:
+    """The schema of a kind whose writes keep managedFields (None for the others)."""
+    file = _CRD_FILES.get(resource)
+    return _crd_schema(file) if file else None
+
+
+def _validate_status(resource: kmock.resource, name: str, obj: Json) -> None:
+    """The CRD's schema on the status a write leaves (its other fields are not checked here),
+    and one item per key in each `listType=map` list: 422 with a cause per field."""
+    file = _CRD_FILES.get(resource)
+    if file is None:
+        return
+    validator = crd_validator(str(SHARED / "reference" / "crds" / file))
+    causes = [
+        _schema_cause(e)
+        for e in validator.iter_errors(obj)
+        if list(e.absolute_path)[:1] == ["status"] and e.validator != "additionalProperties"
+    ]
+    schema = _crd_schema(file)
+    for path, items, list_schema in ssa.iter_lists(obj.get("status"), schema.field("status"),
+                                                   "status"):  # fmt: skip
+        if list_schema.list_type != "map":
+            continue
+        seen = set()
+        for index, item in enumerate(items):
+            keys = {k: item.get(k) for k in list_schema.list_keys} if isinstance(item, dict) else {}
+            if _compact(keys) in seen:
+                shown = ", ".join(f"{json.dumps(k)}:{json.dumps(v)}" for k, v in keys.items())
+                message = f"Duplicate value: map[string]interface {{}}{{{shown}}}"
+                causes.append(
+                    {
+                        "reason": "FieldValueDuplicate",
+                        "message": message,
+                        "field": f"{path}[{index}]",
+                    }
+                )
+            seen.add(_compact(keys))
+    if causes:
+        raise invalid_object(resource, _kind(resource), name, causes)
+
+
+def _compact(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def _field_path(parts: Iterable[Any]) -> str:
+    """`status.conditions[0].reason`, as the API server names a field."""
+    out = ""
+    for part in parts:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _schema_cause(error: jsonschema.ValidationError) -> Json:
+    """One schema violation worded as kube-apiserver words it for a custom resource."""
+    field = _field_path(error.absolute_path)
+    value: Any = error.instance
+    rule: Any = error.validator_value
+    shown = json.dumps(value)
+    if error.validator == "required":
+        missing = re.match(r"'(.+)' is a required property", error.message)
+        name = missing.group(1) if missing else "?"
+        return {"reason": "FieldValueRequired", "message": "Required value",
+                "field": f"{field}.{name}"}  # fmt: skip
+    if error.validator == "maxItems":
+        why = f"Too many: {len(value)}: must have at most {rule} items"
+        return {"reason": "FieldValueTooMany", "message": why, "field": field}
+    if error.validator == "enum":
+        supported = ", ".join(json.dumps(v) for v in rule)
+        why = f"Unsupported value: {shown}: supported values: {supported}"
+        return {"reason": "FieldValueNotSupported", "message": why, "field": field}
+    if error.validator == "pattern":
+        why = f"Invalid value: {shown}: {field} in body should match '{rule}'"
+    else:
+        why = f"Invalid value: {shown}: {error.message}"
+    return {"reason": "FieldValueInvalid", "message": why, "field": field}
+
+
+def _cause(err: ssa.SchemaError) -> Json:
+    return {"reason": "FieldValueInvalid", "message": err.message, "field": err.path.lstrip(".")}
 
 
 def _generated_name(prefix: Any) -> str | None:
@@ -982,8 +1306,34 @@ async def replace(k: KubernetesEmulator, resource: kmock.resource, obj: Json) ->
 async def patch(
     k: KubernetesEmulator, resource: kmock.resource, namespace: str | None, name: str, body: Any
 ) -> Json:
-    """A merge patch (None deletes a key)."""
-    return await _patch(k, resource, namespace, name, body, MERGE_PATCH)
+    """A merge patch (None deletes a key). For a kind with a status subresource, the body's
+    `status` goes to `.../status`, as its controller writes it (the object's own endpoint
+    ignores a status), each condition given the fields the CRD requires that it lacks."""
+    if not (isinstance(body, dict) and "status" in body and _has_status(k, resource)):
+        return await _patch(k, resource, namespace, name, body, MERGE_PATCH)
+    rest = {key: value for key, value in body.items() if key != "status"}
+    if rest:
+        await _patch(k, resource, namespace, name, rest, MERGE_PATCH)
+    status = {"status": _with_required_condition_fields(body["status"])}
+    return await _patch(k, resource, namespace, f"{name}/status", status, MERGE_PATCH)
+
+
+def _has_status(k: KubernetesEmulator, resource: kmock.resource) -> bool:
+    info = next((i for r, i in k.resources.items() if r == resource), None)
+    return isinstance(info, kmock.ResourceInfo) and "status" in info.subresources
+
+
+def _with_required_condition_fields(status: Any) -> Any:
+    """Conditions as a controller writes them: a reason (the type), a message and a
+    lastTransitionTime where the test left them out."""
+    if not isinstance(status, dict) or not isinstance(status.get("conditions"), list):
+        return status
+    defaults = {"message": "", "lastTransitionTime": _now()}
+    conditions = [
+        {"reason": c.get("type"), **defaults, **c} if isinstance(c, dict) else c
+        for c in status["conditions"]
+    ]
+    return {**status, "conditions": conditions}
 
 
 async def json_patch(
