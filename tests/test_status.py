@@ -1,0 +1,292 @@
+"""The GangScheduling condition over HTTP: the reconciler, its status writer and the pod watch
+against the API emulator (server-side apply on `trainjobs/status`, field managers, `listType=map`
+conditions; tests/kube_emulator.py). Each test drives the situation the way a cluster does
+(the scheduler writes the PodGroup's status, JobSet's pods come and go, the Trainer controller
+writes its own status with a merge patch) and reads what is stored."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from kubernetes.aio.client import ApiClient, Configuration
+
+from tests.kube_emulator import (
+    CLUSTER_RUNTIMES,
+    PODS,
+    POD_GROUPS,
+    TRAINJOBS,
+    VersionedEmulator,
+    create,
+    delete,
+    emulator,
+    eventually,
+    patch,
+)
+from tests.test_reconciler import NS, NAME, cluster_runtime, events, stored, trainjob
+from webhook.backends.native import COMPOSITE
+from webhook.core import condition as cond
+from webhook.core.plan import JOB_INDEX, JOBSET_NAME, REPLICATED_JOB_NAME
+from webhook.kube.cache import Cache
+from webhook.kube.client import backend_informers, informers, pod_informers
+from webhook.kube.events import EventRecorder
+from webhook.kube.gangpods import GangPods
+from webhook.kube.writer import ApiWriter
+from webhook.metrics.registry import Metrics
+from webhook.reconcile.reconciler import CONTROLLER, Reconciler, ReconcilerSettings
+from webhook.reconcile.status import StatusWriter
+
+pytestmark = pytest.mark.asyncio
+NODES = 4  # the TrainJob's numNodes: one gang of 4 pods
+
+
+class Service:
+    """One leader's reconciler with its status writer and pod watch, on its own client."""
+
+    def __init__(self, k: VersionedEmulator, url: str) -> None:
+        self.k = k
+        self.api = ApiClient(configuration=Configuration(host=url))
+        self.cache = Cache(connected=True)
+        self.cache.kind_states[COMPOSITE] = "not-served"
+        self.cache.apis["native"] = "served"
+        self.metrics = Metrics()
+        self.pods = GangPods()
+        watches = informers(self.api, self.cache) + pod_informers(self.api, self.pods)
+        native = self.cache.backends.named("native")
+        assert native is not None
+        watches += backend_informers(self.api, self.cache, native)
+        self.events = EventRecorder(self.api, CONTROLLER, "test", dedupe_for=0.0)
+        writer = ApiWriter(self.api)
+        self.status = StatusWriter(self.cache, writer, self.events, self.pods, metrics=self.metrics)
+        settings = ReconcilerSettings(workers=2, conflict_retry=0.2, wait_retry=0.05)
+        self.reconciler = Reconciler(
+            self.cache, writer, self.events, settings, metrics=self.metrics, status=self.status
+        )
+        self.tasks = [asyncio.create_task(i.run()) for i in watches]
+        self.tasks.append(asyncio.create_task(self.events.run()))
+        self.tasks.append(asyncio.create_task(self.reconciler.run()))
+
+    def writes(self) -> float:
+        """Condition applies so far (the writer counts each one the API server took)."""
+        return sum(
+            s.value
+            for m in self.metrics.registry.collect()
+            if m.name == "trainjob_scheduling_status_writes"
+            for s in m.samples
+            if s.name.endswith("_total")
+        )
+
+    def sample(self, name: str, **labels: str) -> float:
+        value = self.metrics.registry.get_sample_value(name, labels)
+        return value or 0.0
+
+    async def stop(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        close: Any = self.api.close
+        await close()
+
+
+@contextlib.asynccontextmanager
+async def service() -> AsyncIterator[Service]:
+    async with emulator() as (k, url):
+        s = Service(k, url)
+        try:
+            yield s
+        finally:
+            await s.stop()
+
+
+def the_condition(k: VersionedEmulator) -> dict[str, Any] | None:
+    tj = stored(k, TRAINJOBS, NAME)
+    return dict(found) if tj and (found := cond.stored_condition(tj)) else None
+
+
+async def condition_is(k: VersionedEmulator, reason: str, status: str = "False") -> dict[str, Any]:
+    def check() -> dict[str, Any] | None:
+        found = the_condition(k)
+        ok = found is not None and found["reason"] == reason and found["status"] == status
+        return found if ok else None
+
+    found: dict[str, Any] = await eventually(check, f"GangScheduling={status} {reason}")
+    return found
+
+
+async def settled(s: Service, seconds: float = 0.5) -> float:
+    """Waits until no condition was written for `seconds`; returns the write count."""
+    last, since = s.writes(), time.monotonic()
+    while time.monotonic() - since < seconds:
+        await asyncio.sleep(0.05)
+        if s.writes() != last:
+            last, since = s.writes(), time.monotonic()
+    return last
+
+
+def small_trainjob(**kw: Any) -> dict[str, Any]:
+    tj = trainjob(**kw)
+    tj["spec"]["trainer"]["numNodes"] = NODES
+    return tj
+
+
+async def with_its_gang(s: Service) -> str:
+    """The runtime and a 4-node TrainJob; returns its PodGroup's name once made."""
+    await create(s.k, CLUSTER_RUNTIMES, cluster_runtime())
+    await create(s.k, TRAINJOBS, small_trainjob())
+
+    def made() -> str | None:
+        groups = [o for (r, _, _), o in list(s.k.objects.items()) if r == POD_GROUPS]
+        return str(groups[0].raw["metadata"]["name"]) if groups else None
+
+    name: str = await eventually(made, "the PodGroup")
+    return name
+
+
+async def scheduler_says(s: Service, group: str, status: str, reason: str, message: str) -> None:
+    condition = {
+        "type": "PodGroupInitiallyScheduled",
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": "2026-12-02T10:00:00Z",
+    }
+    await patch(s.k, POD_GROUPS, NS, group, {"status": {"conditions": [condition]}})
+
+
+def pod(index: int, *, bound: bool = True, phase: str = "Running") -> dict[str, Any]:
+    labels = {JOBSET_NAME: NAME, REPLICATED_JOB_NAME: "node", JOB_INDEX: "0"}
+    spec: dict[str, Any] = {"containers": [{"name": "node", "image": "torch"}]}
+    if bound:
+        spec["nodeName"] = f"gpu-{index}"
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": f"{NAME}-node-0-{index}-x", "namespace": NS, "labels": labels},
+        "spec": spec,
+        "status": {"phase": phase},
+    }
+
+
+async def test_a_new_trainjob_waits_for_the_scheduler_and_a_second_pass_writes_nothing() -> None:
+    async with service() as s:
+        await with_its_gang(s)
+        found = await condition_is(s.k, cond.WAITING_FOR_SCHEDULER)
+        assert found["observedGeneration"] == stored(s.k, TRAINJOBS, NAME)["metadata"]["generation"]
+        written = await settled(s)
+        assert written == 1  # one write for a new TrainJob
+        s.reconciler.resync()  # every TrainJob again: the condition says the same
+        assert await settled(s) == written
+        managers = [m["manager"] for m in stored(s.k, TRAINJOBS, NAME)["metadata"]["managedFields"]]
+        assert cond.FIELD_MANAGER in managers
+
+
+async def test_unschedulable_is_waiting_for_capacity_with_the_schedulers_words() -> None:
+    async with service() as s:
+        group = await with_its_gang(s)
+        said = "0/8 nodes are available: 8 Insufficient nvidia.com/gpu."
+        await scheduler_says(s, group, "False", "Unschedulable", said)
+        found = await condition_is(s.k, cond.WAITING_FOR_CAPACITY)
+        assert said in found["message"] and group in found["message"]
+
+
+async def test_scheduled_then_degraded_then_back() -> None:
+    async with service() as s:
+        group = await with_its_gang(s)
+        for i in range(NODES):
+            await create(s.k, PODS, pod(i))
+        await scheduler_says(s, group, "True", "Scheduled", "")
+        scheduled = await condition_is(s.k, cond.SCHEDULED, "True")
+        assert scheduled["message"] == f"gang {group} is scheduled"
+        # A node fails: its pod is gone.
+        await delete(s.k, PODS, NS, f"{NAME}-node-0-3-x")
+        found = await condition_is(s.k, cond.DEGRADED)
+        assert f"gang {group} has 3 of the {NODES} live pods" in found["message"]
+        await eventually(lambda: events(s.k, "GangDegraded"), "a GangDegraded Event")
+        assert s.sample("trainjob_scheduling_gangs_degraded") == 1
+        assert s.sample("trainjob_scheduling_gang_degradations_total", namespace=NS) == 1
+        # JobSet recreates it; it is bound again.
+        await create(s.k, PODS, pod(3, bound=False, phase="Pending"))
+        await asyncio.sleep(0.3)
+        assert the_condition(s.k)["reason"] == cond.DEGRADED  # not back until it is bound
+        await patch(s.k, PODS, NS, f"{NAME}-node-0-3-x", {"spec": {"nodeName": "gpu-9"}})
+        await condition_is(s.k, cond.SCHEDULED, "True")
+        assert s.sample("trainjob_scheduling_gangs_degraded") == 0
+        assert len(events(s.k, "GangDegraded")) == 1
+
+
+async def test_a_suspended_trainjob_is_suspended_never_degraded() -> None:
+    async with service() as s:
+        group = await with_its_gang(s)
+        for i in range(NODES):
+            await create(s.k, PODS, pod(i))
+        await scheduler_says(s, group, "True", "Scheduled", "")
+        await condition_is(s.k, cond.SCHEDULED, "True")
+        await patch(s.k, TRAINJOBS, NS, NAME, {"spec": {"suspend": True}})
+        for i in range(NODES):  # JobSet deletes the pods of a suspended job
+            await delete(s.k, PODS, NS, f"{NAME}-node-0-{i}-x")
+        await condition_is(s.k, cond.SUSPENDED)
+        await settled(s)
+        assert the_condition(s.k)["reason"] == cond.SUSPENDED
+        assert not events(s.k, "GangDegraded")
+
+
+async def test_a_finished_trainjob_says_so() -> None:
+    async with service() as s:
+        await with_its_gang(s)
+        await condition_is(s.k, cond.WAITING_FOR_SCHEDULER)
+        complete = {"type": "Complete", "status": "True", "reason": "Done", "message": "done"}
+        tj = stored(s.k, TRAINJOBS, NAME)
+        kept = tj["status"]["conditions"]  # Trainer's merge patch: its cached list plus its own
+        await patch(s.k, TRAINJOBS, NS, NAME, {"status": {"conditions": [*kept, complete]}})
+        await condition_is(s.k, cond.FINISHED)
+        types = [c["type"] for c in stored(s.k, TRAINJOBS, NAME)["status"]["conditions"]]
+        assert sorted(types) == ["Complete", cond.CONDITION_TYPE]
+
+
+async def test_a_condition_dropped_by_a_stale_merge_patch_is_applied_again() -> None:
+    """Trainer's `Status().Patch(MergeFrom(prev))` from a cache without our condition replaces
+    the whole list: ours is gone, theirs stays; the service applies ours again, and theirs is
+    kept."""
+    async with service() as s:
+        await with_its_gang(s)
+        await condition_is(s.k, cond.WAITING_FOR_SCHEDULER)
+        before = await settled(s)
+        theirs = {"type": "Suspended", "status": "False", "reason": "Resumed", "message": "m"}
+        await patch(s.k, TRAINJOBS, NS, NAME, {"status": {"conditions": [theirs]}})
+        assert the_condition(s.k) is None  # dropped
+        await condition_is(s.k, cond.WAITING_FOR_SCHEDULER)
+        assert await settled(s) == before + 1
+        types = [c["type"] for c in stored(s.k, TRAINJOBS, NAME)["status"]["conditions"]]
+        assert sorted(types) == [cond.CONDITION_TYPE, "Suspended"]
+        # A revert of ours to something else is put right too.
+        reverted = {**the_condition(s.k), "reason": "Scheduled", "status": "True"}
+        await patch(s.k, TRAINJOBS, NS, NAME, {"status": {"conditions": [theirs, reverted]}})
+        await condition_is(s.k, cond.WAITING_FOR_SCHEDULER)
+
+
+async def test_a_trainjob_whose_runtime_has_no_scheduling_is_never_written() -> None:
+    async with service() as s:
+        runtime = cluster_runtime()
+        runtime["spec"].pop("scheduling", None)
+        await create(s.k, CLUSTER_RUNTIMES, runtime)
+        await create(s.k, TRAINJOBS, small_trainjob())
+        await asyncio.sleep(0.5)
+        s.reconciler.resync()
+        assert await settled(s) == 0
+        assert the_condition(s.k) is None
+
+
+async def test_an_invalid_runtime_says_so() -> None:
+    async with service() as s:
+        runtime = cluster_runtime()
+        runtime["spec"]["scheduling"]["schedulingConstraints"]["topology"] = [
+            {"key": "not a label key!"}
+        ]
+        await create(s.k, CLUSTER_RUNTIMES, runtime)
+        await create(s.k, TRAINJOBS, small_trainjob())
+        found = await condition_is(s.k, cond.INVALID_RUNTIME)
+        assert "invalid" in found["message"]
