@@ -17,8 +17,8 @@ from kubernetes.aio.client import ApiClient, Configuration
 
 from tests.kube_emulator import (
     CLUSTER_RUNTIMES,
-    PODS,
     POD_GROUPS,
+    PODS,
     TRAINJOBS,
     VersionedEmulator,
     create,
@@ -27,7 +27,7 @@ from tests.kube_emulator import (
     eventually,
     patch,
 )
-from tests.test_reconciler import NS, NAME, cluster_runtime, events, stored, trainjob
+from tests.test_reconciler import NAME, NS, cluster_runtime, events, stored, trainjob
 from webhook.backends.native import COMPOSITE
 from webhook.core import condition as cond
 from webhook.core.plan import JOB_INDEX, JOBSET_NAME, REPLICATED_JOB_NAME
@@ -100,6 +100,18 @@ async def service() -> AsyncIterator[Service]:
             yield s
         finally:
             await s.stop()
+
+
+def the_trainjob(k: VersionedEmulator) -> dict[str, Any]:
+    tj = stored(k, TRAINJOBS, NAME)
+    assert tj is not None
+    return tj
+
+
+def current(k: VersionedEmulator) -> dict[str, Any]:
+    found = the_condition(k)
+    assert found is not None
+    return found
 
 
 def the_condition(k: VersionedEmulator) -> dict[str, Any] | None:
@@ -175,12 +187,12 @@ async def test_a_new_trainjob_waits_for_the_scheduler_and_a_second_pass_writes_n
     async with service() as s:
         await with_its_gang(s)
         found = await condition_is(s.k, cond.WAITING_FOR_SCHEDULER)
-        assert found["observedGeneration"] == stored(s.k, TRAINJOBS, NAME)["metadata"]["generation"]
+        assert found["observedGeneration"] == the_trainjob(s.k)["metadata"]["generation"]
         written = await settled(s)
         assert written == 1  # one write for a new TrainJob
         s.reconciler.resync()  # every TrainJob again: the condition says the same
         assert await settled(s) == written
-        managers = [m["manager"] for m in stored(s.k, TRAINJOBS, NAME)["metadata"]["managedFields"]]
+        managers = [m["manager"] for m in the_trainjob(s.k)["metadata"]["managedFields"]]
         assert cond.FIELD_MANAGER in managers
 
 
@@ -211,7 +223,7 @@ async def test_scheduled_then_degraded_then_back() -> None:
         # JobSet recreates it; it is bound again.
         await create(s.k, PODS, pod(3, bound=False, phase="Pending"))
         await asyncio.sleep(0.3)
-        assert the_condition(s.k)["reason"] == cond.DEGRADED  # not back until it is bound
+        assert current(s.k)["reason"] == cond.DEGRADED  # not back until it is bound
         await patch(s.k, PODS, NS, f"{NAME}-node-0-3-x", {"spec": {"nodeName": "gpu-9"}})
         await condition_is(s.k, cond.SCHEDULED, "True")
         assert s.sample("trainjob_scheduling_gangs_degraded") == 0
@@ -230,7 +242,7 @@ async def test_a_suspended_trainjob_is_suspended_never_degraded() -> None:
             await delete(s.k, PODS, NS, f"{NAME}-node-0-{i}-x")
         await condition_is(s.k, cond.SUSPENDED)
         await settled(s)
-        assert the_condition(s.k)["reason"] == cond.SUSPENDED
+        assert current(s.k)["reason"] == cond.SUSPENDED
         assert not events(s.k, "GangDegraded")
 
 
@@ -239,11 +251,11 @@ async def test_a_finished_trainjob_says_so() -> None:
         await with_its_gang(s)
         await condition_is(s.k, cond.WAITING_FOR_SCHEDULER)
         complete = {"type": "Complete", "status": "True", "reason": "Done", "message": "done"}
-        tj = stored(s.k, TRAINJOBS, NAME)
+        tj = the_trainjob(s.k)
         kept = tj["status"]["conditions"]  # Trainer's merge patch: its cached list plus its own
         await patch(s.k, TRAINJOBS, NS, NAME, {"status": {"conditions": [*kept, complete]}})
         await condition_is(s.k, cond.FINISHED)
-        types = [c["type"] for c in stored(s.k, TRAINJOBS, NAME)["status"]["conditions"]]
+        types = [c["type"] for c in the_trainjob(s.k)["status"]["conditions"]]
         assert sorted(types) == ["Complete", cond.CONDITION_TYPE]
 
 
@@ -260,10 +272,10 @@ async def test_a_condition_dropped_by_a_stale_merge_patch_is_applied_again() -> 
         assert the_condition(s.k) is None  # dropped
         await condition_is(s.k, cond.WAITING_FOR_SCHEDULER)
         assert await settled(s) == before + 1
-        types = [c["type"] for c in stored(s.k, TRAINJOBS, NAME)["status"]["conditions"]]
+        types = [c["type"] for c in the_trainjob(s.k)["status"]["conditions"]]
         assert sorted(types) == [cond.CONDITION_TYPE, "Suspended"]
         # A revert of ours to something else is put right too.
-        reverted = {**the_condition(s.k), "reason": "Scheduled", "status": "True"}
+        reverted = {**current(s.k), "reason": "Scheduled", "status": "True"}
         await patch(s.k, TRAINJOBS, NS, NAME, {"status": {"conditions": [theirs, reverted]}})
         await condition_is(s.k, cond.WAITING_FOR_SCHEDULER)
 
