@@ -59,9 +59,30 @@ an unreadable one 400.
 A `kubernetes.io/tls` Secret must hold `tls.crt` and `tls.key` (422 otherwise), and a Secret's
 `type` cannot change (422), as kube-apiserver validates them.
 
-Not emulated: status subresources (a write to `.../status` is a write to the whole object, and
-writes to the object change its status too), field selectors on other fields,
-dry runs, server-side apply, and propagation policies other than background.
+Status subresources (declared per kind: TrainJob's, as its CRD says `subresources: {status: {}}`):
+`.../status` serves GET (the whole object), PUT and PATCH, and a write there changes only
+`.status` (and the object's managedFields and resourceVersion); a write to the object itself
+keeps the stored status, and a create drops the status it is given. Another subresource of a
+declared kind, or any of a kind without one, is 404.
+
+Field management and server-side apply, for the kinds with a CRD here (TrainJob; its schema in
+shared/reference/crds gives the list types), as `tests/apiserver_apply.py` computes them:
+
+* every write keeps `metadata.managedFields`, an entry per (manager, Apply or Update,
+  subresource) with its `fieldsV1`; the manager of a create, PUT or non-apply PATCH is the
+  `fieldManager` parameter, else the User-Agent up to its first `/`;
+* PATCH with `application/apply-patch+yaml` applies to an existing object (404 otherwise: no
+  create by apply): `fieldManager` is required (422), `force=true` takes fields other managers
+  own, without it such a field with another value is 409 `Conflict` with a cause per field;
+  `force` on any other write is 422; a TrainJob takes no strategic merge patch (415, as a
+  custom resource);
+* a status write is checked against the CRD's status schema and list-map keys (conditions: at
+  most 8, reason pattern, required fields, unique types): 422 `Invalid`, a cause per field.
+
+Not emulated: field selectors on other fields, dry runs, propagation policies other than
+background, managedFields on kinds without a CRD here, apply that creates, the schema of
+fields other than a custom resource's status (and the pruning of unknown fields), and the
+`ancient-changes` bucket for update managers past ten.
 """
 
 from __future__ import annotations
