@@ -129,7 +129,8 @@ def owned(obj: Json, manager: str) -> set[str]:
 
 
 def entry(obj: Json, manager: str) -> Json:
-    (found,) = [e for e in obj["metadata"]["managedFields"] if e["manager"] == manager]
+    entries: list[Json] = obj["metadata"]["managedFields"]
+    (found,) = [e for e in entries if e["manager"] == manager]
     return found
 
 
