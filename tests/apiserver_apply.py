@@ -510,18 +510,15 @@ def applied(
 
 
 def _without_emptied(obj: Json, dropped: set[Path], owned: set[Path], schema: Schema) -> Json:
-    """A field whose last owned content an apply removed goes too (no `conditions: []` left
-    behind), unless someone owns something under it."""
-    emptied = set()
-    for path in dropped:
-        for cut in range(len(path) - 1, 0, -1):
-            parent = path[:cut]
-            if any(p[: len(parent)] == parent for p in owned):
-                break
-            value = _at(obj, parent, schema)
-            if value in ({}, []):
-                emptied.add(parent)
-    return remove(obj, emptied, schema) if emptied else obj
+    """A field left empty by what an apply removed goes too (no `conditions: []` or `status:
+    {}` left behind), unless someone owns something under it."""
+    parents = {path[:cut] for path in dropped for cut in range(1, len(path))}
+    for parent in sorted(parents, key=len, reverse=True):  # the deepest first
+        if any(p[: len(parent)] == parent for p in owned):
+            continue
+        if _at(obj, parent, schema) in ({}, []):
+            obj = remove(obj, [parent], schema)
+    return obj
 
 
 def _at(obj: Any, path: Path, schema: Schema) -> Any:
