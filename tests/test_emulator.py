@@ -857,7 +857,7 @@ async def test_managed_fields_say_who_set_what_in_the_api_servers_format() -> No
         await create(k, TRAINJOBS, job())
         custom = CustomObjectsApi(api)
         body = job(conditions=[cond("G", "False", observedGeneration=1)])
-        applied = await custom.patch_namespaced_custom_object_status(
+        applied: Any = await custom.patch_namespaced_custom_object_status(
             TRAINER, VERSION, NS, "trainjobs", "j", body,
             field_manager="svc", force=True, _content_type="application/apply-patch+yaml",
         )  # fmt: skip
@@ -893,7 +893,7 @@ async def test_managed_fields_say_who_set_what_in_the_api_servers_format() -> No
         code, fewer = await apply_status(k, cond("G", "False"))
         assert code == 200 and fewer["status"]["conditions"] == [cond("G", "False")]
         # The official client's own writes are its User-Agent's: "OpenAPI-Generator".
-        updated = await custom.patch_namespaced_custom_object_status(
+        updated: Any = await custom.patch_namespaced_custom_object_status(
             TRAINER, VERSION, NS, "trainjobs", "j",
             {"status": {"conditions": [cond("G", "False"), cond("H")]}},
         )  # fmt: skip
