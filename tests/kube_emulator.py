@@ -112,7 +112,6 @@ import jsonschema
 import kmock
 import yaml
 from kmock import KubernetesEmulator, Server
-from kmock._internal.rendering import Response  # not exported by kmock 0.8: a status and a body
 from kubernetes.aio.client import ApiClient, Configuration
 
 from tests import apiserver_apply as ssa
@@ -519,6 +518,7 @@ class VersionedEmulator(KubernetesEmulator):
     # wait_for() cancelling Condition.wait() can lose the lock and wedge the watch handler.
     _changed: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)
     _open_watches: set[kmock.Request] = attrs.field(factory=set, init=False)
+    _created: set[kmock.Request] = attrs.field(factory=set, init=False)  # to answer with 201
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()  # kmock's fallbacks call the _serve_* methods below
@@ -558,7 +558,13 @@ class VersionedEmulator(KubernetesEmulator):
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         # kmock's emulator applies a write here, before any reaction answers it; ours happen in
         # the fallbacks, so a reaction that answers a write (an injected 500) leaves no trace.
-        return await kmock.RawHandler._handle(self, request)
+        response = await kmock.RawHandler._handle(self, request)
+        if request in self._created:
+            # 201 Created, as kube-apiserver answers (clients read a create's body only with
+            # 201); kmock's public API has no payload with a status, so it is set here.
+            self._created.discard(request)
+            response.set_status(201)
+        return response
 
     async def _render_error(self, exc: Exception) -> aiohttp.web.StreamResponse:
         if isinstance(exc, ApiError):
@@ -734,8 +740,8 @@ class VersionedEmulator(KubernetesEmulator):
             if self._live(key) is not None:
                 raise already_exists(resource, name)
             created = await self._commit(key, "ADDED", obj)
-        # 201 Created, as kube-apiserver answers (clients read a create's body only with 201).
-        return Response(status=201, payload=created)
+        self._created.add(request)  # answered 201 Created (see _handle)
+        return created
 
     async def _serve_replace(self, request: kmock.Request) -> kmock.Payload:
         """PUT: the body is the whole new object (of `.../status`: its status)."""
@@ -1197,11 +1203,11 @@ def expired_event(since: str = "1", oldest: int = 2) -> Json:
     return {"type": "ERROR", "object": status_object(410, "Expired", message)}
 
 
-def status(code: int, message: str | None = None, reason: str | None = None) -> Response:
-    """An HTTP error with a Status body, as the API server answers a failed request."""
+def status(code: int, message: str | None = None, reason: str | None = None) -> ApiError:
+    """An HTTP error with a Status body, as the API server answers a failed request: for a
+    kmock reaction, which raises it, and the emulator answers it as any of its refusals."""
     reason = reason or ("InternalError" if code >= 500 else "Gone")
-    body = status_object(code, reason, message or f"injected {code}")
-    return Response(status=code, payload=body)
+    return ApiError(code, reason, message or f"injected {code}")
 
 
 async def broken_stream(request: kmock.Request) -> AsyncIterator[bytes]:
