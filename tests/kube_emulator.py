@@ -22,7 +22,8 @@ Writes (refusals carry the API server's `Status`: code, reason, message, details
 
 * create stamps `uid`, `creationTimestamp` and `generation: 1` and sets the URL's namespace;
   a live name is 409 `AlreadyExists`; a body with a resourceVersion is 400;
-* PUT replaces the whole object; 404 if it is missing;
+* PUT replaces the whole object; 404 if it is missing; a custom resource's (TrainJob's) PUT
+  must carry a resourceVersion (422 otherwise: no unconditional update);
 * PATCH by Content-Type: `merge-patch+json` (RFC 7386), `json-patch+json` (RFC 6902; a failed
   `test` or a bad path is 422 `Invalid`), `strategic-merge-patch+json` treated as a merge patch
   (no patch strategies: a list in the patch replaces the stored list); anything else is 415;
@@ -757,6 +758,11 @@ class VersionedEmulator(KubernetesEmulator):
                 f"({request.name})"
             )
         _no_force(request)
+        if resource in _CRD_FILES and not _meta(obj).get("resourceVersion"):
+            # A custom resource allows no unconditional update.
+            why = "metadata.resourceVersion: Invalid value: 0x0: must be specified for an update"
+            raise invalid(resource, request.name, f'{_qualified(resource)} "{request.name}" is '
+                          f"invalid: {why}")  # fmt: skip
         key = (resource, request.namespace, request.name)
         async with self._lock:
             stored = self._live(key)

@@ -726,8 +726,14 @@ async def test_the_status_subresource_writes_the_status_and_the_object_all_but_i
         created = await create(k, TRAINJOBS, job(conditions=[cond("Created")]))
         assert "status" not in created  # a create drops it: written only through .../status
 
+        # A TrainJob's PUT must name the version it replaces (no unconditional update).
+        code, answer = await call(k, "PUT", f"{JOB_URL}/status", job(conditions=[]))
+        assert_status(answer, 422, "Invalid", f'trainjobs.{TRAINER} "j" is invalid: '
+                      "metadata.resourceVersion: Invalid value: 0x0: must be specified for an "
+                      "update")  # fmt: skip
         # PUT .../status: the status is taken, a change to the spec in the same body is not.
         body = job(conditions=[cond("Created")])
+        body["metadata"]["resourceVersion"] = rv(created)
         body["spec"]["suspend"] = True
         code, put = await call(k, "PUT", f"{JOB_URL}/status", body)
         assert code == 200, put
@@ -823,7 +829,7 @@ async def test_apply_asks_a_field_manager_and_checks_what_it_is_given() -> None:
 @pytest.mark.asyncio
 async def test_a_status_is_checked_against_the_crd_schema() -> None:
     async with emulator() as (k, _):
-        await create(k, TRAINJOBS, job())
+        created = await create(k, TRAINJOBS, job())
         cases: list[tuple[list[Json], str, str, str]] = [
             ([cond(f"C{i}") for i in range(9)], "status.conditions", "FieldValueTooMany",
              "Too many: 9: must have at most 8 items"),
@@ -838,7 +844,9 @@ async def test_a_status_is_checked_against_the_crd_schema() -> None:
              'Duplicate value: map[string]interface {}{"type":"A"}'),
         ]  # fmt: skip
         for conditions, field, reason, message in cases:
-            _, answer = await call(k, "PUT", f"{JOB_URL}/status", job(conditions=conditions))
+            body = job(conditions=conditions)
+            body["metadata"]["resourceVersion"] = rv(created)
+            _, answer = await call(k, "PUT", f"{JOB_URL}/status", body)
             assert_status(answer, 422, "Invalid")
             cause = {"reason": reason, "message": message, "field": field}
             assert cause in answer["details"]["causes"], answer
