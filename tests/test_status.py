@@ -37,6 +37,7 @@ from webhook.kube.events import EventRecorder
 from webhook.kube.gangpods import GangPods
 from webhook.kube.writer import ApiWriter
 from webhook.metrics.registry import Metrics
+from webhook.reconcile import status as status_module
 from webhook.reconcile.reconciler import CONTROLLER, Reconciler, ReconcilerSettings
 from webhook.reconcile.status import StatusWriter
 
@@ -205,7 +206,8 @@ async def test_unschedulable_is_waiting_for_capacity_with_the_schedulers_words()
         assert said in found["message"] and group in found["message"]
 
 
-async def test_scheduled_then_degraded_then_back() -> None:
+async def test_scheduled_then_degraded_then_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(status_module, "RECOUNT_AFTER", 1.5)
     async with service() as s:
         group = await with_its_gang(s)
         for i in range(NODES):
@@ -220,6 +222,19 @@ async def test_scheduled_then_degraded_then_back() -> None:
         await eventually(lambda: events(s.k, "GangDegraded"), "a GangDegraded Event")
         assert s.sample("trainjob_scheduling_gangs_degraded") == 1
         assert s.sample("trainjob_scheduling_gang_degradations_total", namespace=NS) == 1
+        # Another pod lost: the count is written again, but not at once (each write wakes
+        # Trainer's worker): once RECOUNT_AFTER has passed since the last write.
+        written = await settled(s)
+        await delete(s.k, PODS, NS, f"{NAME}-node-0-2-x")
+        await asyncio.sleep(0.3)
+        assert s.writes() == written and "has 3 of" in current(s.k)["message"]
+        found = await condition_is(s.k, cond.DEGRADED)
+        recount = await eventually(
+            lambda: "has 2 of" in current(s.k)["message"], "the new count", timeout=5
+        )
+        assert recount and s.writes() == written + 1
+        assert current(s.k)["lastTransitionTime"] == found["lastTransitionTime"]
+        await create(s.k, PODS, pod(2))
         # JobSet recreates it; it is bound again.
         await create(s.k, PODS, pod(3, bound=False, phase="Pending"))
         await asyncio.sleep(0.3)

@@ -30,6 +30,7 @@ log = logging.getLogger("webhook.informer")
 
 Sleep = Callable[[float], Awaitable[None]]
 MIN_WATCH_SECONDS = 1.0
+YIELD_EVERY = 64  # watch events handled between two turns of the event loop
 NOT_SERVED = " (the resource is not served: is the Kubeflow Trainer CRD installed?)"
 
 
@@ -179,6 +180,8 @@ class Informer:
                     self._apply(_event(line))
                     self.backoff.reset()
                     events += 1
+                    if events % YIELD_EVERY == 0:  # a burst's buffered lines: let others run
+                        await asyncio.sleep(0)
         finally:
             response.release()
         return events

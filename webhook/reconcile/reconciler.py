@@ -188,7 +188,10 @@ class Reconciler:
         finally:  # also after a failure part way: what was done is told
             changes.record(self.events)
         if self.status is not None:
-            await self.status.sync(key, changes.outcome)
+            again = await self.status.sync(key, changes.outcome)
+            sooner = result.requeue_after is None or (again or 0) < result.requeue_after
+            if again is not None and sooner:
+                result = Result(again)  # a condition write put off: look again then
         return result
 
     async def _reconcile(self, key: Key, changes: Changes) -> Result:

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("webhook.status")
 
 EXPECTATION_TTL = 30.0  # seconds a write stands in for its watch event
+RECOUNT_AFTER = 10.0  # seconds between writes that only change a Degraded gang's pod count
 
 
 @dataclass
@@ -84,14 +85,16 @@ class StatusWriter:
         self.clock = clock
         self.monotonic = monotonic
         self._written: dict[Key, tuple[str, float]] = {}  # resourceVersion written over, when
+        self._last_write: dict[Key, float] = {}  # monotonic time of the last write
         self.degraded: dict[Key, frozenset[str]] = {}  # TrainJob -> its degraded gangs
         self._refused: set[int] = set()  # HTTP statuses already logged at warning
 
-    async def sync(self, key: Key, outcome: Outcome | None) -> None:
-        """Applies the condition the stored TrainJob should carry, if it carries another."""
+    async def sync(self, key: Key, outcome: Outcome | None) -> float | None:
+        """Applies the condition the stored TrainJob should carry, if it carries another;
+        returns when to look again when a write was put off."""
         entry = self.cache.trainjobs.get(*key)
         if entry is None or outcome is None:
-            return  # gone, or not this service's: never a write of any kind
+            return None  # gone, or not this service's: never a write of any kind
         raw = entry.raw
         stored = cond.stored_condition(raw)
         now = cond.rfc3339(self.clock())
@@ -99,13 +102,16 @@ class StatusWriter:
         desired = cond.decide(situation, stored, now)
         self._follow_degraded(key, raw, situation, desired, stored)
         if desired is None or cond.unchanged(stored, desired):
-            return
+            return None
+        wait = self._recount_wait(key, stored, desired)
+        if wait is not None:
+            return wait
         meta = raw.get("metadata") or {}
         rv = meta.get("resourceVersion")
         written = self._written.get(key)
         if written is not None:
             if written[0] == rv and self.monotonic() - written[1] < EXPECTATION_TTL:
-                return  # written: the watch has not brought it back yet (it wakes a pass)
+                return None  # written: the watch has not brought it back yet (it wakes a pass)
             del self._written[key]
         generation = meta.get("generation")
         condition = cond.condition(
@@ -115,19 +121,35 @@ class StatusWriter:
             await self.writer.apply_condition(*key, condition)
         except ApiException as err:
             if err.status == 404:
-                return  # deleted meanwhile
+                return None  # deleted meanwhile
             if err.status in (403, 422):
                 self._say_refused(key, err)
-                return  # retried by the next pass it would change; not in a loop
+                return None  # retried by the next pass it would change; not in a loop
             raise
         if isinstance(rv, str):
             self._written[key] = (rv, self.monotonic())
+        self._last_write[key] = self.monotonic()
         if self.metrics is not None:
             self.metrics.status_writes.labels(reason=desired.reason).inc()
+        return None
+
+    def _recount_wait(
+        self, key: Key, stored: Mapping[str, Any] | None, desired: cond.Desired
+    ) -> float | None:
+        """A Degraded gang whose pod count alone changed (pods lost or coming back one by one)
+        is written at most every RECOUNT_AFTER seconds: each write wakes Trainer's worker."""
+        if stored is None or stored.get("reason") != cond.DEGRADED:
+            return None
+        if desired.reason != cond.DEGRADED or stored.get("status") != desired.status:
+            return None
+        last = self._last_write.get(key)
+        left = RECOUNT_AFTER - (self.monotonic() - last) if last is not None else 0.0
+        return left if left > 0 else None
 
     def forget(self, key: Key) -> None:
         """The TrainJob is gone: never degraded."""
         self._written.pop(key, None)
+        self._last_write.pop(key, None)
         if self.degraded.pop(key, None):
             self._publish()
 
