@@ -916,3 +916,30 @@ async def test_managed_fields_say_who_set_what_in_the_api_servers_format() -> No
         assert code == 200 and "status" not in answer
         # Left: the creator's spec, under kmock's test client's User-Agent ("kmock/...").
         assert {e["manager"] for e in answer["metadata"]["managedFields"]} == {"kmock"}
+
+
+@pytest.mark.asyncio
+async def test_an_apply_to_the_object_itself_owns_its_fields_and_leaves_the_status() -> None:
+    async with emulator() as (k, _):
+        await create(k, TRAINJOBS, job())
+        await apply_status(k, cond("G"))
+        apply = "application/apply-patch+yaml"
+        body = job(conditions=[])  # a status here is not this endpoint's: ignored
+        body["spec"]["suspend"] = True
+        body["metadata"]["labels"] = {"team": "a"}
+        code, applied = await call(k, "PATCH", f"{JOB_URL}?fieldManager=kubectl", body, apply)
+        assert code == 200, applied
+        assert applied["spec"]["suspend"] is True and applied["metadata"]["labels"] == {"team": "a"}
+        assert applied["status"]["conditions"] == [cond("G")]
+        assert applied["metadata"]["generation"] == 2
+        (mine,) = [e for e in applied["metadata"]["managedFields"] if e["manager"] == "kubectl"]
+        assert mine["operation"] == "Apply" and "subresource" not in mine
+        assert mine["fieldsV1"] == {
+            "f:metadata": {"f:labels": {"f:team": {}}},
+            "f:spec": {"f:runtimeRef": {"f:name": {}}, "f:suspend": {}},
+        }
+        other = job()
+        other["spec"]["suspend"] = False
+        code, answer = await call(k, "PATCH", f"{JOB_URL}?fieldManager=other", other, apply)
+        assert_status(answer, 409, "Conflict")
+        assert [c["field"] for c in answer["details"]["causes"]] == [".spec.suspend"]
