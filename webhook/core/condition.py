@@ -70,7 +70,8 @@ REASONS: Mapping[str, ReasonDoc] = {
     SCHEDULER_ERROR: ReasonDoc(
         "False",
         "The scheduler reported an error (or a verdict other than Unschedulable) for the gang.",
-        "Read the scheduler's message and its logs; `trainjob-scheduling explain` shows more.",
+        "Read the scheduler's message and its logs; `kubectl trainjob-scheduling explain "
+        "trainjob NAME -n NS` shows more.",
     ),
     SCHEDULED: ReasonDoc(
         "True",
@@ -104,7 +105,8 @@ REASONS: Mapping[str, ReasonDoc] = {
     INVALID_RUNTIME: ReasonDoc(
         "False",
         "Its runtime's spec.scheduling (or the TrainJob with it) cannot be planned: no gang.",
-        "Fix the runtime as the message says; `trainjob-scheduling plan` checks it offline.",
+        "Fix the runtime as the message says; `trainjob-scheduling-webhook plan -f ...` "
+        "checks a runtime and a TrainJob offline.",
     ),
     GANG_API_UNAVAILABLE: ReasonDoc(
         "False",
