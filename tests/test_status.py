@@ -12,27 +12,34 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import kmock
 import pytest
 from kubernetes.aio.client import ApiClient, Configuration
 
 from tests.kube_emulator import (
     CLUSTER_RUNTIMES,
+    NODES,
     POD_GROUPS,
     PODS,
     TRAINJOBS,
+    WORKLOADS,
     VersionedEmulator,
     create,
     delete,
     emulator,
     eventually,
+    next_requests,
     patch,
+    status,
 )
-from tests.test_reconciler import NAME, NS, cluster_runtime, events, stored, trainjob
+from tests.nodes import nodes
+from tests.test_backends import hand_made_workload
+from tests.test_reconciler import NAME, NS, WORKLOAD, cluster_runtime, events, stored, trainjob
 from webhook.backends.native import COMPOSITE
 from webhook.core import condition as cond
 from webhook.core.plan import JOB_INDEX, JOBSET_NAME, REPLICATED_JOB_NAME
 from webhook.kube.cache import Cache
-from webhook.kube.client import backend_informers, informers, pod_informers
+from webhook.kube.client import backend_informers, informers, node_informer, pod_informers
 from webhook.kube.events import EventRecorder
 from webhook.kube.gangpods import GangPods
 from webhook.kube.writer import ApiWriter
@@ -42,21 +49,22 @@ from webhook.reconcile.reconciler import CONTROLLER, Reconciler, ReconcilerSetti
 from webhook.reconcile.status import StatusWriter
 
 pytestmark = pytest.mark.asyncio
-NODES = 4  # the TrainJob's numNodes: one gang of 4 pods
+NUM_NODES = 4  # the TrainJob's numNodes: one gang of 4 pods
 
 
 class Service:
     """One leader's reconciler with its status writer and pod watch, on its own client."""
 
-    def __init__(self, k: VersionedEmulator, url: str) -> None:
+    def __init__(self, k: VersionedEmulator, url: str, *, served: bool = True) -> None:
         self.k = k
         self.api = ApiClient(configuration=Configuration(host=url))
         self.cache = Cache(connected=True)
         self.cache.kind_states[COMPOSITE] = "not-served"
-        self.cache.apis["native"] = "served"
+        self.cache.apis["native"] = "served" if served else "not-served"
         self.metrics = Metrics()
         self.pods = GangPods()
         watches = informers(self.api, self.cache) + pod_informers(self.api, self.pods)
+        watches.append(node_informer(self.api, self.cache))
         native = self.cache.backends.named("native")
         assert native is not None
         watches += backend_informers(self.api, self.cache, native)
@@ -94,9 +102,9 @@ class Service:
 
 
 @contextlib.asynccontextmanager
-async def service() -> AsyncIterator[Service]:
+async def service(*, served: bool = True) -> AsyncIterator[Service]:
     async with emulator() as (k, url):
-        s = Service(k, url)
+        s = Service(k, url, served=served)
         try:
             yield s
         finally:
@@ -142,7 +150,7 @@ async def settled(s: Service, seconds: float = 0.5) -> float:
 
 def small_trainjob(**kw: Any) -> dict[str, Any]:
     tj = trainjob(**kw)
-    tj["spec"]["trainer"]["numNodes"] = NODES
+    tj["spec"]["trainer"]["numNodes"] = NUM_NODES
     return tj
 
 
@@ -210,7 +218,7 @@ async def test_scheduled_then_degraded_then_back(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(status_module, "RECOUNT_AFTER", 1.5)
     async with service() as s:
         group = await with_its_gang(s)
-        for i in range(NODES):
+        for i in range(NUM_NODES):
             await create(s.k, PODS, pod(i))
         await scheduler_says(s, group, "True", "Scheduled", "")
         scheduled = await condition_is(s.k, cond.SCHEDULED, "True")
@@ -218,7 +226,7 @@ async def test_scheduled_then_degraded_then_back(monkeypatch: pytest.MonkeyPatch
         # A node fails: its pod is gone.
         await delete(s.k, PODS, NS, f"{NAME}-node-0-3-x")
         found = await condition_is(s.k, cond.DEGRADED)
-        assert f"gang {group} has 3 of the {NODES} live pods" in found["message"]
+        assert f"gang {group} has 3 of the {NUM_NODES} live pods" in found["message"]
         await eventually(lambda: events(s.k, "GangDegraded"), "a GangDegraded Event")
         assert s.sample("trainjob_scheduling_gangs_degraded") == 1
         assert s.sample("trainjob_scheduling_gang_degradations_total", namespace=NS) == 1
@@ -248,12 +256,12 @@ async def test_scheduled_then_degraded_then_back(monkeypatch: pytest.MonkeyPatch
 async def test_a_suspended_trainjob_is_suspended_never_degraded() -> None:
     async with service() as s:
         group = await with_its_gang(s)
-        for i in range(NODES):
+        for i in range(NUM_NODES):
             await create(s.k, PODS, pod(i))
         await scheduler_says(s, group, "True", "Scheduled", "")
         await condition_is(s.k, cond.SCHEDULED, "True")
         await patch(s.k, TRAINJOBS, NS, NAME, {"spec": {"suspend": True}})
-        for i in range(NODES):  # JobSet deletes the pods of a suspended job
+        for i in range(NUM_NODES):  # JobSet deletes the pods of a suspended job
             await delete(s.k, PODS, NS, f"{NAME}-node-0-{i}-x")
         await condition_is(s.k, cond.SUSPENDED)
         await settled(s)
@@ -317,3 +325,81 @@ async def test_an_invalid_runtime_says_so() -> None:
         await create(s.k, TRAINJOBS, small_trainjob())
         found = await condition_is(s.k, cond.INVALID_RUNTIME)
         assert "invalid" in found["message"]
+
+
+async def test_a_scheduler_error_is_said() -> None:
+    async with service() as s:
+        group = await with_its_gang(s)
+        await scheduler_says(s, group, "False", "SchedulerError", "plugin Foo failed")
+        found = await condition_is(s.k, cond.SCHEDULER_ERROR)
+        assert "plugin Foo failed" in found["message"]
+
+
+async def test_the_runtime_deleted_after_it_was_said_invalid_is_not_found() -> None:
+    async with service() as s:
+        runtime = cluster_runtime()
+        runtime["spec"]["scheduling"]["schedulingConstraints"]["topology"] = [{"key": "bad key!"}]
+        await create(s.k, CLUSTER_RUNTIMES, runtime)
+        await create(s.k, TRAINJOBS, small_trainjob())
+        await condition_is(s.k, cond.INVALID_RUNTIME)
+        await delete(s.k, CLUSTER_RUNTIMES, None, runtime["metadata"]["name"])
+        s.reconciler.resync()
+        found = await condition_is(s.k, cond.RUNTIME_NOT_FOUND)
+        assert "not found" in found["message"]
+
+
+async def test_a_missing_runtime_alone_writes_nothing() -> None:
+    async with service() as s:
+        await create(s.k, TRAINJOBS, small_trainjob())
+        await eventually(lambda: events(s.k, "RuntimeNotFound"), "a RuntimeNotFound Event")
+        assert await settled(s) == 0 and the_condition(s.k) is None
+
+
+async def test_another_controllers_gang_objects_are_stood_down_for() -> None:
+    async with service() as s:
+        await create(s.k, CLUSTER_RUNTIMES, cluster_runtime())
+        tj = await create(s.k, TRAINJOBS, small_trainjob())
+        await create(s.k, WORKLOADS, hand_made_workload(tj["metadata"]["uid"]))
+        found = await condition_is(s.k, cond.STOOD_DOWN)
+        assert "'made-by-trainer'" in found["message"]
+
+
+async def test_a_foreign_object_with_our_name_is_a_name_conflict() -> None:
+    async with service() as s:
+        foreign = {
+            "apiVersion": "scheduling.k8s.io/v1beta1", "kind": "Workload",
+            "metadata": {"name": WORKLOAD, "namespace": NS},
+            "spec": {"podGroupTemplates": [{"name": "x", "schedulingPolicy": {"basic": {}}}]},
+        }  # fmt: skip
+        await create(s.k, WORKLOADS, foreign)
+        await create(s.k, CLUSTER_RUNTIMES, cluster_runtime())
+        await create(s.k, TRAINJOBS, small_trainjob())
+        found = await condition_is(s.k, cond.NAME_CONFLICT)
+        assert WORKLOAD in found["message"]
+
+
+async def test_a_refused_gang_object_is_said_then_made() -> None:
+    async with service() as s:
+        refused = status(422, 'admission webhook denied: quota "gpus" exceeded', "Invalid")
+        next_requests(s.k[kmock.method.POST, POD_GROUPS], 1) << refused
+        await create(s.k, CLUSTER_RUNTIMES, cluster_runtime())
+        await create(s.k, TRAINJOBS, small_trainjob())
+        await condition_is(s.k, cond.WAITING_FOR_SCHEDULER)  # retried, made
+        assert s.sample("trainjob_scheduling_status_writes_total", reason=cond.CREATE_REFUSED) == 1
+
+
+async def test_without_the_gang_api_the_condition_says_so() -> None:
+    async with service(served=False) as s:
+        await create(s.k, CLUSTER_RUNTIMES, cluster_runtime())
+        await create(s.k, TRAINJOBS, small_trainjob())
+        found = await condition_is(s.k, cond.GANG_API_UNAVAILABLE)
+        assert "scheduling.k8s.io/v1beta1" in found["message"]
+
+
+async def test_a_gang_that_can_never_fit_is_infeasible_with_the_numbers() -> None:
+    async with service() as s:
+        for obj in nodes("cpu", 3, zone="zone-a"):  # no GPU anywhere
+            await create(s.k, NODES, obj)
+        await with_its_gang(s)
+        found = await condition_is(s.k, cond.INFEASIBLE)
+        assert found["message"].startswith("can never fit as configured: gang")
