@@ -403,3 +403,13 @@ async def test_a_gang_that_can_never_fit_is_infeasible_with_the_numbers() -> Non
         await with_its_gang(s)
         found = await condition_is(s.k, cond.INFEASIBLE)
         assert found["message"].startswith("can never fit as configured: gang")
+
+
+async def test_fields_the_api_server_dropped_name_the_feature_gate() -> None:
+    async with service() as s:
+        group = await with_its_gang(s)
+        await condition_is(s.k, cond.WAITING_FOR_SCHEDULER)
+        # As an API server with the gate off stores it: without the topology constraint.
+        await patch(s.k, POD_GROUPS, NS, group, {"spec": {"schedulingConstraints": None}})
+        found = await condition_is(s.k, cond.FEATURE_GATE_OFF)
+        assert "schedulingConstraints (TopologyAwareWorkloadScheduling)" in found["message"]
