@@ -3,6 +3,7 @@ no write when nothing changed, degraded and back, lastTransitionTime kept."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -56,8 +57,10 @@ def test_every_reason_is_documented_valid_and_of_the_status_it_says() -> None:
 
 def test_objects_made_and_not_judged_wait_for_the_scheduler() -> None:
     assert reason(Situation(gangs=(gang(),))) == c.WAITING_FOR_SCHEDULER
-    missing = decide(Situation(gangs=(gang(exists=False),)), None, NOW)
-    assert missing is not None and "pg-a is not made yet" in missing.message
+    # One being created says the same: a new TrainJob's condition is written once, not twice.
+    assert decide(Situation(gangs=(gang(exists=False),)), None, NOW) == decide(
+        Situation(gangs=(gang(),)), None, NOW
+    )
 
 
 def test_unschedulable_waits_for_capacity_with_the_schedulers_message_shortened() -> None:
@@ -171,7 +174,15 @@ def test_admitted_gang_filling_up_is_not_degraded() -> None:
     filling = Situation(gangs=(gang(scheduled=True, verdict="Scheduled", live=1),))
     desired = decide(filling, stored(c.WAITING_FOR_CAPACITY), NOW)
     assert desired is not None and desired.reason == c.WAITING_FOR_SCHEDULER
-    assert "1 of its 4 pods are bound" in desired.message
+    assert desired.message == "gang pg-a is admitted; its pods are being bound"
+    more = decide(replace_live(filling, 3), stored(c.WAITING_FOR_SCHEDULER), NOW)
+    assert more == desired  # a pod bound is no write
+
+
+def replace_live(situation: Situation, live: int) -> Situation:
+    return Situation(
+        gangs=tuple(dataclasses.replace(g, pods=Pods(live, 0)) for g in situation.gangs)
+    )
 
 
 def test_workers_that_succeeded_are_not_lost() -> None:
