@@ -23,7 +23,7 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 Json = dict[str, Any]
@@ -442,11 +442,11 @@ def updated(managers: Managers, me: Entry, old: Any, new: Any, schema: Schema) -
     taken = change.added | change.modified
     out: Managers = {}
     for identity, entry in managers.items():
-        out[identity] = Entry(**{**entry.__dict__, "fields": entry.fields - taken - change.removed})
+        out[identity] = replace(entry, fields=entry.fields - taken - change.removed)
     if taken:
         mine = out.get(me.identity)
         fields = (mine.fields if mine else set()) | taken
-        out[me.identity] = Entry(**{**me.__dict__, "fields": fields})
+        out[me.identity] = replace(me, fields=fields)
     return {i: e for i, e in out.items() if e.fields}
 
 
@@ -503,9 +503,11 @@ def applied(
     for entry in others:
         left = entry.fields - touched - change.removed
         if left:
-            out[entry.identity] = Entry(**{**entry.__dict__, "fields": left})
+            out[entry.identity] = replace(entry, fields=left)
     if mine:
-        out[me.identity] = Entry(**{**me.__dict__, "fields": mine})
+        # The time says when the manager last changed the object: not for an apply of the same.
+        time = last.time if last is not None and merged == live else me.time
+        out[me.identity] = replace(me, fields=mine, time=time)
     return merged, out
 
 

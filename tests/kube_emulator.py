@@ -849,10 +849,6 @@ class VersionedEmulator(KubernetesEmulator):
                 raise apply_conflict(err.conflicts) from None
             except ssa.SchemaError as err:
                 raise invalid_object(resource, _kind(resource), name, [_cause(err)]) from None
-            previous = next((e for e in managers.values() if e.identity == mine.identity), None)
-            if previous is not None and new == live:
-                old = ssa.decode_managers(_meta(stored).get("managedFields")).get(mine.identity)
-                previous.time = old.time if old is not None else previous.time  # nothing changed
             new = self._kept(resource, stored, new, subresource)
             _meta(new)["managedFields"] = ssa.encode_managers(managers)
             return await self._store(key, stored, new)
