@@ -413,3 +413,19 @@ async def test_fields_the_api_server_dropped_name_the_feature_gate() -> None:
         await patch(s.k, POD_GROUPS, NS, group, {"spec": {"schedulingConstraints": None}})
         found = await condition_is(s.k, cond.FEATURE_GATE_OFF)
         assert "schedulingConstraints (TopologyAwareWorkloadScheduling)" in found["message"]
+
+
+async def test_a_replica_that_stops_leading_stops_counting_degraded_gangs() -> None:
+    async with service() as s:
+        group = await with_its_gang(s)
+        for i in range(NUM_NODES):
+            await create(s.k, PODS, pod(i))
+        await scheduler_says(s, group, "True", "Scheduled", "")
+        await condition_is(s.k, cond.SCHEDULED, "True")
+        await delete(s.k, PODS, NS, f"{NAME}-node-0-0-x")
+        await condition_is(s.k, cond.DEGRADED)
+        assert s.sample("trainjob_scheduling_gangs_degraded") == 1
+        leading = s.tasks[-1]  # reconciler.run(): cancelled when the Lease is lost
+        leading.cancel()
+        await asyncio.gather(leading, return_exceptions=True)
+        assert s.sample("trainjob_scheduling_gangs_degraded") == 0

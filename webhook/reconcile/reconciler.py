@@ -123,6 +123,8 @@ class Reconciler:
             await asyncio.gather(*tasks)
         finally:
             self.queue = None
+            if self.status is not None:
+                self.status.reset()  # the next leader counts the degraded gangs
             queue.shut_down()
             for task in tasks:
                 task.cancel()

@@ -146,6 +146,14 @@ class StatusWriter:
         left = RECOUNT_AFTER - (self.monotonic() - last) if last is not None else 0.0
         return left if left > 0 else None
 
+    def reset(self) -> None:
+        """Leadership lost: what this replica remembered is the next leader's to judge (and its
+        gauge no longer counts gangs this replica no longer follows)."""
+        self._written.clear()
+        self._last_write.clear()
+        self.degraded.clear()
+        self._publish()
+
     def forget(self, key: Key) -> None:
         """The TrainJob is gone: never degraded."""
         self._written.pop(key, None)
