@@ -291,6 +291,8 @@ def _merge_items(live: list[Any], config: list[Any], schema: Schema, path: Path)
             ri += 1
             if next_shared is not None and next_shared == element:
                 next_shared = shared.pop(0) if shared else None
+            continue
+        li += 1  # a live item the configuration already placed
     return out
 
 

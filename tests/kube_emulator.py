@@ -735,7 +735,10 @@ class VersionedEmulator(KubernetesEmulator):
         if schema is not None:
             mine = ssa.Entry(_manager(request), "Update", _api_version(resource), "", _now())
             managers = ssa.decode_managers(meta.get("managedFields"))
-            managers = ssa.updated(managers, mine, {}, _unmanaged(obj), schema)
+            try:
+                managers = ssa.updated(managers, mine, {}, _unmanaged(obj), schema)
+            except ssa.SchemaError as err:
+                raise invalid_object(resource, _kind(resource), name, [_cause(err)]) from None
             meta["managedFields"] = ssa.encode_managers(managers)
         async with self._lock:
             if self._live(key) is not None:
@@ -813,7 +816,10 @@ class VersionedEmulator(KubernetesEmulator):
             mine = ssa.Entry(manager, "Update", _api_version(resource), subresource, _now())
             given = _meta(new).get("managedFields") if not subresource else None
             managers = ssa.decode_managers(given or _meta(stored).get("managedFields"))
-            managers = ssa.updated(managers, mine, _unmanaged(stored), _unmanaged(new), schema)
+            try:
+                managers = ssa.updated(managers, mine, _unmanaged(stored), _unmanaged(new), schema)
+            except ssa.SchemaError as err:
+                raise invalid_object(resource, _kind(resource), name, [_cause(err)]) from None
             _meta(new)["managedFields"] = ssa.encode_managers(managers)
         return await self._store(key, stored, new)
 

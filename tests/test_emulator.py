@@ -857,6 +857,13 @@ async def test_a_status_is_checked_against_the_crd_schema() -> None:
         assert_status(answer, 422, "Invalid")  # an item without its key
         assert 'omits key field "type"' in answer["message"]
         assert (await get(k, TRAINJOBS, NS, "j") or {}).get("status") is None
+        # A keyed list of the spec too: its items must have their keys (env, by name).
+        other = job()
+        other["metadata"]["name"] = "other"
+        other["spec"]["trainer"] = {"env": [{"value": "no name"}]}
+        _, answer = await call(k, "POST", JOBS_URL, other)
+        assert_status(answer, 422, "Invalid")
+        assert answer["details"]["causes"][0]["field"] == "spec.trainer.env[0]"
 
 
 @pytest.mark.asyncio
