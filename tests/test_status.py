@@ -429,3 +429,25 @@ async def test_a_replica_that_stops_leading_stops_counting_degraded_gangs() -> N
         leading.cancel()
         await asyncio.gather(leading, return_exceptions=True)
         assert s.sample("trainjob_scheduling_gangs_degraded") == 0
+
+
+async def test_without_rbac_for_the_status_the_gang_is_made_and_the_log_says_why(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An old ClusterRole (no patch on trainjobs/status): the apply answers 403; the gang is
+    still made, the log says what the role lacks once, and the pass is not retried for it."""
+    async with service() as s:
+        forbidden = status(403, 'trainjobs.trainer.kubeflow.org "my-job" is forbidden', "Forbidden")
+        statuses = s.k[kmock.method.PATCH, TRAINJOBS, kmock.subresource("status")]
+        next_requests(statuses, 1000) << forbidden
+        with caplog.at_level("WARNING", logger="webhook.status"):
+            group = await with_its_gang(s)
+            await scheduler_says(s, group, "False", "Unschedulable", "no room")
+            await eventually(lambda: len(statuses) >= 2, "two refused applies")
+        said = [r for r in caplog.records if "cannot write the GangScheduling" in r.getMessage()]
+        assert len(said) == 1 and "trainjobs/status" in said[0].getMessage()
+        assert the_condition(s.k) is None and s.writes() == 0
+        errors = s.sample(
+            "controller_runtime_reconcile_total", controller=CONTROLLER, result="error"
+        )
+        assert errors == 0
