@@ -203,6 +203,10 @@ async def test_a_new_trainjob_waits_for_the_scheduler_and_a_second_pass_writes_n
         assert await settled(s) == written
         managers = [m["manager"] for m in the_trainjob(s.k)["metadata"]["managedFields"]]
         assert cond.FIELD_MANAGER in managers
+        # The pod watch asks for JobSet's pods only, in pages.
+        reads = list(s.k[kmock.method.GET, PODS])
+        assert reads and all(r.params.get("labelSelector") == JOBSET_NAME for r in reads)
+        assert any(r.params.get("limit") == "500" for r in reads)
 
 
 async def test_unschedulable_is_waiting_for_capacity_with_the_schedulers_words() -> None:
