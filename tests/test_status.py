@@ -34,7 +34,16 @@ from tests.kube_emulator import (
 )
 from tests.nodes import nodes
 from tests.test_backends import hand_made_workload
-from tests.test_reconciler import NAME, NS, WORKLOAD, cluster_runtime, events, stored, trainjob
+from tests.test_reconciler import (
+    NAME,
+    NS,
+    WORKLOAD,
+    cluster_runtime,
+    events,
+    lease_holder,
+    stored,
+    trainjob,
+)
 from webhook.backends.native import COMPOSITE
 from webhook.core import condition as cond
 from webhook.core.plan import JOB_INDEX, JOBSET_NAME, REPLICATED_JOB_NAME
@@ -42,6 +51,7 @@ from webhook.kube.cache import Cache
 from webhook.kube.client import backend_informers, informers, node_informer, pod_informers
 from webhook.kube.events import EventRecorder
 from webhook.kube.gangpods import GangPods
+from webhook.kube.leader import LeaderElector, LeaseSettings
 from webhook.kube.writer import ApiWriter
 from webhook.metrics.registry import Metrics
 from webhook.reconcile import status as status_module
@@ -55,9 +65,18 @@ NUM_NODES = 4  # the TrainJob's numNodes: one gang of 4 pods
 class Service:
     """One leader's reconciler with its status writer and pod watch, on its own client."""
 
-    def __init__(self, k: VersionedEmulator, url: str, *, served: bool = True) -> None:
+    def __init__(
+        self,
+        k: VersionedEmulator,
+        url: str,
+        *,
+        served: bool = True,
+        identity: str = "test",
+        lease: LeaseSettings | None = None,
+    ) -> None:
         self.k = k
         self.api = ApiClient(configuration=Configuration(host=url))
+        self.api.user_agent = identity  # lets a test pick this replica's requests
         self.cache = Cache(connected=True)
         self.cache.kind_states[COMPOSITE] = "not-served"
         self.cache.apis["native"] = "served" if served else "not-served"
@@ -77,7 +96,11 @@ class Service:
         )
         self.tasks = [asyncio.create_task(i.run()) for i in watches]
         self.tasks.append(asyncio.create_task(self.events.run()))
-        self.tasks.append(asyncio.create_task(self.reconciler.run()))
+        if lease is None:
+            self.tasks.append(asyncio.create_task(self.reconciler.run()))
+        else:
+            elector = LeaderElector(self.api, lease)
+            self.tasks.append(asyncio.create_task(elector.run(self.reconciler.run)))
 
     def writes(self) -> float:
         """Condition applies so far (the writer counts each one the API server took)."""
@@ -455,3 +478,29 @@ async def test_without_rbac_for_the_status_the_gang_is_made_and_the_log_says_why
             "controller_runtime_reconcile_total", controller=CONTROLLER, result="error"
         )
         assert errors == 0
+
+
+async def test_only_the_leader_writes_the_condition() -> None:
+    async with emulator() as (k, url):
+        replicas = [
+            Service(k, url, identity=name, lease=LeaseSettings("default", "r", name, 1.0, 0.6, 0.1))
+            for name in ("replica-a", "replica-b")
+        ]
+        try:
+            await eventually(lambda: lease_holder(k, lease="r") is not None, "a leader")
+            leader = lease_holder(k, lease="r")
+            await create(k, CLUSTER_RUNTIMES, cluster_runtime())
+            await create(k, TRAINJOBS, small_trainjob())
+            await condition_is(k, cond.WAITING_FOR_SCHEDULER)
+            for s in replicas:
+                await settled(s)
+
+            def applies(identity: str) -> int:
+                by: Any = kmock.headers({"User-Agent": identity})
+                return len(k[kmock.method.PATCH, TRAINJOBS, kmock.subresource("status"), by])
+
+            follower = "replica-b" if leader == "replica-a" else "replica-a"
+            assert applies(str(leader)) == 1 and applies(follower) == 0
+        finally:
+            for s in replicas:
+                await s.stop()
