@@ -29,6 +29,10 @@ PRIORITY_CLASSES = Resource("scheduling.k8s.io", "v1", "priorityclasses")
 NODES = Resource("", "v1", "nodes")
 PODS = Resource("", "v1", "pods")
 POD_PAGE = 500
+PODS_FORBIDDEN = (
+    " (the service may not list and watch pods: gangs that lose pods after admission are not"
+    " seen as degraded until it may; grant it as the chart does)"
+)
 NODE_PAGE = 500  # client-go's reflector lists in pages of 500 too
 NODES_FORBIDDEN = (
     " (the service may not list and watch nodes: feasibility at admission stays off until it"
@@ -216,5 +220,5 @@ def pod_informers(
     (`gangpods.py`): gang health after admission."""
     return _per_namespace(
         api, PODS, pods, namespaces, on_restart, page_size=POD_PAGE, label_selector=SELECTOR,
-        not_served_hint="",
+        not_served_hint="", forbidden_hint=PODS_FORBIDDEN,
     )  # fmt: skip
