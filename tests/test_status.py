@@ -504,3 +504,31 @@ async def test_only_the_leader_writes_the_condition() -> None:
         finally:
             for s in replicas:
                 await s.stop()
+
+
+async def test_a_new_leader_keeps_degraded_until_its_pod_watch_has_listed() -> None:
+    async with emulator() as (k, url):
+        first = Service(k, url, identity="first")
+        try:
+            group = await with_its_gang(first)
+            for i in range(NUM_NODES):
+                await create(k, PODS, pod(i))
+            await scheduler_says(first, group, "True", "Scheduled", "")
+            await condition_is(k, cond.SCHEDULED, "True")
+            await delete(k, PODS, NS, f"{NAME}-node-0-3-x")
+            degraded = await condition_is(k, cond.DEGRADED)
+            await eventually(lambda: events(k, "GangDegraded"), "a GangDegraded Event")
+        finally:
+            await first.stop()
+        lists = k[kmock.method.GET, PODS]
+        next_requests(lists, 2) << status(500)  # the new leader's pod list fails twice
+        second = Service(k, url, identity="second")
+        try:
+            await eventually(lambda: len(lists) >= 2, "the failed pod lists")
+            assert current(k) == degraded  # not said Scheduled meanwhile
+            await eventually(lambda: second.pods.synced, "the pods listed", timeout=15)
+            await asyncio.sleep(0.5)
+            assert current(k) == degraded and second.writes() == 0
+            assert len(events(k, "GangDegraded")) == 1
+        finally:
+            await second.stop()

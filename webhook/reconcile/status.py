@@ -39,6 +39,7 @@ log = logging.getLogger("webhook.status")
 
 EXPECTATION_TTL = 30.0  # seconds a write stands in for its watch event
 RECOUNT_AFTER = 10.0  # seconds between writes that only change a Degraded gang's pod count
+PODS_UNLISTED_RETRY = 1.0  # seconds: a Degraded TrainJob waits for the pods to be listed
 
 
 @dataclass
@@ -97,6 +98,10 @@ class StatusWriter:
             return None  # gone, or not this service's: never a write of any kind
         raw = entry.raw
         stored = cond.stored_condition(raw)
+        if self._pods_unlisted() and stored is not None and stored.get("reason") == cond.DEGRADED:
+            # A new leader, before its pod watch has listed: without counts it would say
+            # Scheduled, and Degraded again a moment later (one more Event, two more writes).
+            return PODS_UNLISTED_RETRY
         now = cond.rfc3339(self.clock())
         situation = self.situation(raw, outcome)
         desired = cond.decide(situation, stored, now)
@@ -132,6 +137,9 @@ class StatusWriter:
         if self.metrics is not None:
             self.metrics.status_writes.labels(reason=desired.reason).inc()
         return None
+
+    def _pods_unlisted(self) -> bool:
+        return self.pods is not None and not self.pods.synced
 
     def _recount_wait(
         self, key: Key, stored: Mapping[str, Any] | None, desired: cond.Desired
