@@ -191,8 +191,7 @@ class Reconciler:
             changes.record(self.events)
         if self.status is not None:
             again = await self.status.sync(key, changes.outcome)
-            sooner = result.requeue_after is None or (again or 0) < result.requeue_after
-            if again is not None and sooner:
+            if again is not None and (result.requeue_after is None or again < result.requeue_after):
                 result = Result(again)  # a condition write put off: look again then
         return result
 
