@@ -22,7 +22,8 @@ Writes (refusals carry the API server's `Status`: code, reason, message, details
 
 * create stamps `uid`, `creationTimestamp` and `generation: 1` and sets the URL's namespace;
   a live name is 409 `AlreadyExists`; a body with a resourceVersion is 400;
-* PUT replaces the whole object; 404 if it is missing;
+* PUT replaces the whole object; 404 if it is missing; a custom resource's (TrainJob's) PUT
+  must carry a resourceVersion (422 otherwise: no unconditional update);
 * PATCH by Content-Type: `merge-patch+json` (RFC 7386), `json-patch+json` (RFC 6902; a failed
   `test` or a bad path is 422 `Invalid`), `strategic-merge-patch+json` treated as a merge patch
   (no patch strategies: a list in the patch replaces the stored list); anything else is 415;
@@ -59,9 +60,30 @@ an unreadable one 400.
 A `kubernetes.io/tls` Secret must hold `tls.crt` and `tls.key` (422 otherwise), and a Secret's
 `type` cannot change (422), as kube-apiserver validates them.
 
-Not emulated: status subresources (a write to `.../status` is a write to the whole object, and
-writes to the object change its status too), field selectors on other fields,
-dry runs, server-side apply, and propagation policies other than background.
+Status subresources (declared per kind: TrainJob's, as its CRD says `subresources: {status: {}}`):
+`.../status` serves GET (the whole object), PUT and PATCH, and a write there changes only
+`.status` (and the object's managedFields and resourceVersion); a write to the object itself
+keeps the stored status, and a create drops the status it is given. Another subresource of a
+declared kind, or any of a kind without one, is 404.
+
+Field management and server-side apply, for the kinds with a CRD here (TrainJob; its schema in
+shared/reference/crds gives the list types), as `tests/apiserver_apply.py` computes them:
+
+* every write keeps `metadata.managedFields`, an entry per (manager, Apply or Update,
+  subresource) with its `fieldsV1`; the manager of a create, PUT or non-apply PATCH is the
+  `fieldManager` parameter, else the User-Agent up to its first `/`;
+* PATCH with `application/apply-patch+yaml` applies to an existing object (404 otherwise: no
+  create by apply): `fieldManager` is required (422), `force=true` takes fields other managers
+  own, without it such a field with another value is 409 `Conflict` with a cause per field;
+  `force` on any other write is 422; a TrainJob takes no strategic merge patch (415, as a
+  custom resource);
+* a status write is checked against the CRD's status schema and list-map keys (conditions: at
+  most 8, reason pattern, required fields, unique types): 422 `Invalid`, a cause per field.
+
+Not emulated: field selectors on other fields, dry runs, propagation policies other than
+background, managedFields on kinds without a CRD here, apply that creates, the schema of
+fields other than a custom resource's status (and the pruning of unknown fields), and the
+`ancient-changes` bucket for update managers past ten.
 """
 
 from __future__ import annotations
@@ -72,12 +94,14 @@ import bisect
 import contextlib
 import copy
 import datetime
+import functools
 import json
 import random
+import re
 import string
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,11 +109,14 @@ import aiohttp.web
 import attrs
 import jsonpatch
 import jsonpointer
+import jsonschema
 import kmock
 import yaml
 from kmock import KubernetesEmulator, Server
-from kmock._internal.rendering import Response  # not exported by kmock 0.8: a status and a body
 from kubernetes.aio.client import ApiClient, Configuration
+
+from tests import apiserver_apply as ssa
+from tests.paths import SHARED
 
 TRAINER = "trainer.kubeflow.org"
 VERSION = "v1alpha1"
@@ -119,6 +146,7 @@ WATCH = kmock.action.WATCH
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
+APPLY_PATCH = "application/apply-patch+yaml"
 OPTIMISTIC_LOCK = (
     "the object has been modified; please apply your changes to the latest version and try again"
 )
@@ -127,8 +155,9 @@ Json = dict[str, Any]
 Key = tuple[kmock.resource, str | None, str]  # kmock's object key: resource, namespace, name
 
 ALL_VERBS = {"create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"}
-_TRAINER_KINDS = {
-    TRAINJOBS: ("TrainJob", True),
+Declared = tuple[str, bool] | tuple[str, bool, str]  # kind, namespaced, (subresource)
+_TRAINER_KINDS: dict[kmock.resource, Declared] = {
+    TRAINJOBS: ("TrainJob", True, "status"),  # the CRD's `subresources: {status: {}}`
     TRAINING_RUNTIMES: ("TrainingRuntime", True),
     CLUSTER_RUNTIMES: ("ClusterTrainingRuntime", False),
 }
@@ -145,10 +174,16 @@ _SERVICE_KINDS = {  # what the service writes
 }
 
 
-def _declare(emulator: KubernetesEmulator, kinds: dict[kmock.resource, tuple[str, bool]]) -> None:
-    for resource, (kind, namespaced) in kinds.items():
+# The kinds whose writes keep `metadata.managedFields` and take server-side apply: their CRD
+# (in shared/reference/crds), whose schema gives the list types and validates the status.
+_CRD_FILES = {TRAINJOBS: "trainer.kubeflow.org_trainjobs.yaml"}
+
+
+def _declare(emulator: KubernetesEmulator, kinds: Mapping[kmock.resource, Declared]) -> None:
+    """Each kind: its name, whether it is namespaced, and (optionally) its subresource."""
+    for resource, (kind, namespaced, *subresources) in kinds.items():
         emulator.resources[resource] = kmock.ResourceInfo(
-            kind=kind, namespaced=namespaced, verbs=ALL_VERBS
+            kind=kind, namespaced=namespaced, verbs=ALL_VERBS, subresources=set(subresources)
         )
 
 
@@ -235,10 +270,41 @@ def unknown_resource() -> ApiError:
     return ApiError(404, "NotFound", "the server could not find the requested resource")
 
 
-def unsupported_patch() -> ApiError:
-    accepted = f"{JSON_PATCH}, {MERGE_PATCH}, {STRATEGIC_MERGE_PATCH}"
+def unsupported_patch(custom: bool) -> ApiError:
+    """A custom resource takes no strategic merge patch; a built-in one no apply, here."""
+    accepted = f"{JSON_PATCH}, {MERGE_PATCH}, " + (APPLY_PATCH if custom else STRATEGIC_MERGE_PATCH)
     message = "the body of the request was in an unknown format - accepted media types include: "
     return ApiError(415, "UnsupportedMediaType", message + accepted)
+
+
+def invalid_patch_options(field: str, reason: str, why: str) -> ApiError:
+    """PatchOptions the API server refuses (no fieldManager for an apply, force without one)."""
+    message = f'PatchOptions.meta.k8s.io "" is invalid: {field}: {why}'
+    cause = {"reason": reason, "message": why, "field": field}
+    details = {"group": "meta.k8s.io", "kind": "PatchOptions", "causes": [cause]}
+    return ApiError(422, "Invalid", message, details)
+
+
+def invalid_object(resource: kmock.resource, kind: str, name: str, causes: list[Json]) -> ApiError:
+    """A custom resource its CRD's schema rejects, a cause per field."""
+    texts = [f"{c['field']}: {c['message']}" for c in causes]
+    listed = texts[0] if len(texts) == 1 else "[" + ", ".join(texts) + "]"
+    message = f'{kind}.{resource.group} "{name}" is invalid: {listed}'
+    details = {"name": name, "group": resource.group, "kind": kind, "causes": causes}
+    return ApiError(422, "Invalid", message, details)
+
+
+def apply_conflict(conflicts: list[ssa.Conflict]) -> ApiError:
+    """409 for an apply that would change fields other managers own (NewApplyConflict)."""
+    causes = [
+        {
+            "reason": "FieldManagerConflict",
+            "message": f"conflict with {c.manager.describe()}",
+            "field": ssa.pretty(c.path),
+        }
+        for c in conflicts
+    ]
+    return ApiError(409, "Conflict", ssa.conflict_message(conflicts), {"causes": causes})
 
 
 # --- field selectors ----------------------------------------------------------------------------
@@ -453,6 +519,7 @@ class VersionedEmulator(KubernetesEmulator):
     # wait_for() cancelling Condition.wait() can lose the lock and wedge the watch handler.
     _changed: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)
     _open_watches: set[kmock.Request] = attrs.field(factory=set, init=False)
+    _created: set[kmock.Request] = attrs.field(factory=set, init=False)  # to answer with 201
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()  # kmock's fallbacks call the _serve_* methods below
@@ -498,7 +565,13 @@ class VersionedEmulator(KubernetesEmulator):
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         # kmock's emulator applies a write here, before any reaction answers it; ours happen in
         # the fallbacks, so a reaction that answers a write (an injected 500) leaves no trace.
-        return await kmock.RawHandler._handle(self, request)
+        response = await kmock.RawHandler._handle(self, request)
+        if request in self._created:
+            # 201 Created, as kube-apiserver answers (clients read a create's body only with
+            # 201); kmock's public API has no payload with a status, so it is set here.
+            self._created.discard(request)
+            response.set_status(201)
+        return response
 
     async def _render_error(self, exc: Exception) -> aiohttp.web.StreamResponse:
         if isinstance(exc, ApiError):
@@ -540,6 +613,7 @@ class VersionedEmulator(KubernetesEmulator):
 
     async def _serve_fetch(self, request: kmock.Request) -> kmock.Payload:
         resource = self._resource(request)
+        self._subresource(request, resource)  # `.../status` reads the whole object
         name = request.name or ""
         async with self._lock:
             obj = self._live((resource, request.namespace, name))
@@ -664,16 +738,28 @@ class VersionedEmulator(KubernetesEmulator):
             meta["namespace"] = namespace
         key = (resource, namespace, name)
         _validate(resource, name, obj, None)
+        if "status" in self._subresources(resource):
+            obj.pop("status", None)  # written only through `.../status`
+        schema = _schema(resource)
+        if schema is not None:
+            mine = ssa.Entry(_manager(request), "Update", _api_version(resource), "", _now())
+            managers = ssa.decode_managers(meta.get("managedFields"))
+            try:
+                managers = ssa.updated(managers, mine, {}, _unmanaged(obj), schema)
+            except ssa.SchemaError as err:
+                raise invalid_object(resource, _kind(resource), name, [_cause(err)]) from None
+            meta["managedFields"] = ssa.encode_managers(managers)
         async with self._lock:
             if self._live(key) is not None:
                 raise already_exists(resource, name)
             created = await self._commit(key, "ADDED", obj)
-        # 201 Created, as kube-apiserver answers (clients read a create's body only with 201).
-        return Response(status=201, payload=created)
+        self._created.add(request)  # answered 201 Created (see _handle)
+        return created
 
     async def _serve_replace(self, request: kmock.Request) -> kmock.Payload:
-        """PUT: the body is the whole new object."""
+        """PUT: the body is the whole new object (of `.../status`: its status)."""
         resource = self._resource(request)
+        subresource = self._subresource(request, resource)
         if request.name is None:
             raise ApiError(405, "MethodNotAllowed", "PUT is only served for one object")
         obj = _json_object(request)
@@ -683,19 +769,34 @@ class VersionedEmulator(KubernetesEmulator):
                 f"the name of the object ({body_name}) does not match the name on the URL "
                 f"({request.name})"
             )
+        _no_force(request)
+        if resource in _CRD_FILES and not _meta(obj).get("resourceVersion"):
+            # A custom resource allows no unconditional update.
+            why = "metadata.resourceVersion: Invalid value: 0x0: must be specified for an update"
+            raise invalid(resource, request.name, f'{_qualified(resource)} "{request.name}" is '
+                          f"invalid: {why}")  # fmt: skip
         key = (resource, request.namespace, request.name)
         async with self._lock:
             stored = self._live(key)
             if stored is None:
                 raise not_found(resource, request.name)
-            return await self._update(key, stored, obj)
+            return await self._update(key, stored, obj, subresource, _manager(request))
 
     async def _serve_update(self, request: kmock.Request) -> kmock.Payload:
         """PATCH, by its Content-Type."""
         resource = self._resource(request)
+        subresource = self._subresource(request, resource)
         media_type = _media_type(request)
-        if media_type not in (MERGE_PATCH, JSON_PATCH, STRATEGIC_MERGE_PATCH):
-            raise unsupported_patch()
+        custom = resource in _CRD_FILES
+        if media_type not in (
+            MERGE_PATCH,
+            JSON_PATCH,
+            APPLY_PATCH if custom else STRATEGIC_MERGE_PATCH,
+        ):
+            raise unsupported_patch(custom)
+        if media_type == APPLY_PATCH:
+            return await self._serve_apply(request, resource, subresource)
+        _no_force(request)
         name = request.name or ""
         body = _json_body(request)
         key = (resource, request.namespace, name)
@@ -709,24 +810,115 @@ class VersionedEmulator(KubernetesEmulator):
                 patched = merge_patch(stored, body)
             else:
                 raise bad_request("a merge patch must be a JSON object")
-            return await self._update(key, stored, patched)
+            return await self._update(key, stored, patched, subresource, _manager(request))
 
-    async def _update(self, key: Key, stored: Json, new: Json) -> Json:
+    async def _update(
+        self, key: Key, stored: Json, new: Json, subresource: str, manager: str
+    ) -> Json:
         """The end of every PUT and PATCH: concurrency checks, then what the server keeps."""
         resource, _, name = key
         _validate(resource, name, new, stored)
+        _preconditions(resource, name, _meta(new), _meta(stored))
+        new = self._kept(resource, stored, new, subresource)
+        schema = _schema(resource)
+        if schema is not None:
+            mine = ssa.Entry(manager, "Update", _api_version(resource), subresource, _now())
+            given = _meta(new).get("managedFields") if not subresource else None
+            managers = ssa.decode_managers(given or _meta(stored).get("managedFields"))
+            try:
+                managers = ssa.updated(managers, mine, _unmanaged(stored), _unmanaged(new), schema)
+            except ssa.SchemaError as err:
+                raise invalid_object(resource, _kind(resource), name, [_cause(err)]) from None
+            _meta(new)["managedFields"] = ssa.encode_managers(managers)
+        return await self._store(key, stored, new)
+
+    async def _serve_apply(
+        self, request: kmock.Request, resource: kmock.resource, subresource: str
+    ) -> kmock.Payload:
+        """Server-side apply (`application/apply-patch+yaml`) of an existing object: the
+        configuration merged in, its fields owned by `fieldManager`, conflicts refused unless
+        `force=true`."""
+        manager = request.params.get("fieldManager") or ""
+        if not manager:
+            why = "Required value: is required for apply patch"
+            raise invalid_patch_options("fieldManager", "FieldValueRequired", why)
+        force = request.params.get("force") == "true"
+        name = request.name or ""
+        config = self._configuration(request, resource, subresource)
+        schema = _schema(resource)
+        assert schema is not None  # only custom resources with a CRD take an apply
+        key = (resource, request.namespace, name)
+        async with self._lock:
+            stored = self._live(key)
+            if stored is None:
+                raise not_found(resource, name)  # an apply that creates: not emulated
+            _preconditions(resource, name, _meta(config), _meta(stored))
+            for field in ("uid", "resourceVersion"):
+                _meta(config).pop(field, None)
+            mine = ssa.Entry(manager, "Apply", _api_version(resource), subresource, _now())
+            managers = ssa.decode_managers(_meta(stored).get("managedFields"))
+            live = _unmanaged(stored)
+            try:
+                new, managers = ssa.applied(managers, mine, live, config, schema, force=force)
+            except ssa.ApplyConflict as err:
+                raise apply_conflict(err.conflicts) from None
+            except ssa.SchemaError as err:
+                raise invalid_object(resource, _kind(resource), name, [_cause(err)]) from None
+            new = self._kept(resource, stored, new, subresource)
+            _meta(new)["managedFields"] = ssa.encode_managers(managers)
+            return await self._store(key, stored, new)
+
+    def _configuration(
+        self, request: kmock.Request, resource: kmock.resource, subresource: str
+    ) -> Json:
+        """An apply's body, checked; of `.../status`, only its status counts."""
+        try:
+            body = json.loads(request.body or b"null")  # JSON is YAML, read faster
+        except ValueError:
+            try:
+                body = yaml.safe_load(request.body or b"")
+            except yaml.YAMLError as err:
+                raise bad_request(f"error decoding YAML: {err}") from None
+        if not isinstance(body, dict):
+            raise bad_request("error decoding YAML: the body is not an object")
+        expected = _api_version(resource)
+        if body.get("apiVersion") != expected:
+            raise bad_request(
+                "Incorrect version specified in apply patch. Specified patch version: "
+                f"{body.get('apiVersion') or ''}, expected: {expected}"
+            )
+        if body.get("kind") != _kind(resource):
+            raise bad_request(f"Object 'Kind' is missing or wrong in '{request.body!r:.100}'")
+        meta = _meta(body)
+        if meta.get("name") != request.name:
+            raise bad_request(
+                f"the name of the object ({meta.get('name')}) does not match the name on the URL "
+                f"({request.name})"
+            )
+        if meta.get("managedFields"):
+            raise bad_request("metadata.managedFields must be nil")
+        if subresource == "status":
+            kept = {
+                k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion") if k in meta
+            }
+            body = {"apiVersion": expected, "kind": body["kind"], "metadata": kept} | (
+                {"status": body["status"]} if "status" in body else {}
+            )
+        elif "status" in self._subresources(resource):
+            body.pop("status", None)  # the status subresource's, not this endpoint's
+        return body
+
+    def _kept(self, resource: kmock.resource, stored: Json, new: Json, subresource: str) -> Json:
+        """What a write keeps of `new`: the server's own metadata, and, for a kind with a
+        status subresource, only the status (written there) or all but it (written here)."""
         meta, old = _meta(new), _meta(stored)
-        if meta.get("uid") and meta["uid"] != old.get("uid"):
-            why = f"Precondition failed: UID in precondition: {meta['uid']}, "
-            raise conflict(resource, name, why + f"UID in object meta: {old.get('uid')}")
-        if meta.get("resourceVersion") and meta["resourceVersion"] != old.get("resourceVersion"):
-            raise conflict(resource, name)
         for field in (
             "name",
             "namespace",
             "uid",
             "creationTimestamp",
             "resourceVersion",
+            "generation",
             "deletionTimestamp",
             "deletionGracePeriodSeconds",
         ):
@@ -734,6 +926,24 @@ class VersionedEmulator(KubernetesEmulator):
                 meta[field] = old[field]
             else:
                 meta.pop(field, None)
+        if "status" not in self._subresources(resource):
+            return new
+        base, source = (stored, new) if subresource == "status" else (new, stored)
+        kept = copy.deepcopy(base)
+        if "status" in source:
+            kept["status"] = copy.deepcopy(source["status"])
+        else:
+            kept.pop("status", None)
+        if kept.get("status") != stored.get("status"):
+            _validate_status(resource, _meta(stored).get("name") or "", kept)
+        return kept
+
+    async def _store(self, key: Key, stored: Json, new: Json) -> Json:
+        """Stores a write's result: `generation` counts changes to all but metadata and status;
+        a write that changes nothing stores nothing."""
+        meta, old = _meta(new), _meta(stored)
+        if not meta.get("managedFields"):
+            meta.pop("managedFields", None)
         changed = _content(new) != _content(stored)
         meta["generation"] = int(old.get("generation") or 1) + (1 if changed else 0)
         if old.get("deletionTimestamp") and not meta.get("finalizers"):
@@ -742,8 +952,21 @@ class VersionedEmulator(KubernetesEmulator):
             return stored  # a no-op: no new version, no event
         return await self._commit(key, "MODIFIED", new)
 
+    def _subresources(self, resource: kmock.resource) -> set[str]:
+        info = self._info(resource)
+        return set(info.subresources) if info is not None else set()
+
+    def _subresource(self, request: kmock.Request, resource: kmock.resource) -> str:
+        """The request's subresource ("" for the object itself): 404 if the kind has none."""
+        subresource = request.subresource or ""
+        if subresource and subresource not in self._subresources(resource):
+            raise unknown_resource()
+        return subresource
+
     async def _serve_delete(self, request: kmock.Request) -> kmock.Payload:
         resource = self._resource(request)
+        if self._subresource(request, resource):
+            raise ApiError(405, "MethodNotAllowed", "the server does not allow this method")
         name = request.name or ""
         options = _json_body(request)
         preconditions = options.get("preconditions") if isinstance(options, dict) else None
@@ -818,6 +1041,154 @@ def _validate(resource: kmock.resource, name: str, obj: Json, old: Json | None) 
             raise invalid(resource, name, f'Secret "{name}" is invalid: ' + ", ".join(missing))
 
 
+def _preconditions(resource: kmock.resource, name: str, meta: Json, old: Json) -> None:
+    """A write's uid and resourceVersion, if set, must be the stored ones (409 otherwise)."""
+    if meta.get("uid") and meta["uid"] != old.get("uid"):
+        why = f"Precondition failed: UID in precondition: {meta['uid']}, "
+        raise conflict(resource, name, why + f"UID in object meta: {old.get('uid')}")
+    if meta.get("resourceVersion") and meta["resourceVersion"] != old.get("resourceVersion"):
+        raise conflict(resource, name)
+
+
+def _no_force(request: kmock.Request) -> None:
+    if "force" in request.params:
+        why = "Forbidden: may not be specified for non-apply patch"
+        raise invalid_patch_options("force", "FieldValueForbidden", why)
+
+
+def _manager(request: kmock.Request) -> str:
+    """The write's field manager: `fieldManager`, else the User-Agent up to its first `/`."""
+    given = request.params.get("fieldManager")
+    if given:
+        return given
+    agent = next((v for h, v in request.headers.items() if h.lower() == "user-agent"), "")
+    return agent.split("/")[0][:128]
+
+
+def _api_version(resource: kmock.resource) -> str:
+    return f"{resource.group}/{resource.version}".lstrip("/")
+
+
+def _unmanaged(obj: Json) -> Json:
+    """`obj` without its managedFields (what field ownership is computed over)."""
+    out = copy.deepcopy(obj)
+    _meta(out).pop("managedFields", None)
+    return out
+
+
+# --- custom resources: what their CRD says ------------------------------------------------------
+
+
+@functools.cache
+def _crd(file: str) -> Json:
+    path = SHARED / "reference" / "crds" / file
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's, if built: 10x faster
+    crd: Json = next(d for d in yaml.load_all(path.read_text(), Loader=loader) if d)
+    return crd
+
+
+def _storage_schema(file: str) -> Json:
+    version = next(v for v in _crd(file)["spec"]["versions"] if v.get("storage"))
+    schema: Json = version["schema"]["openAPIV3Schema"]
+    return schema
+
+
+def _kind(resource: kmock.resource) -> str:
+    file = _CRD_FILES.get(resource)
+    return str(_crd(file)["spec"]["names"]["kind"]) if file else ""
+
+
+@functools.cache
+def _crd_schema(file: str) -> ssa.Schema:
+    return ssa.Schema.of_object(_storage_schema(file))
+
+
+@functools.cache
+def _status_validator(file: str) -> jsonschema.Draft7Validator:
+    """The CRD's status schema as JSON Schema (its `x-kubernetes-*` keywords ignored)."""
+    status = _storage_schema(file)["properties"]["status"]
+    return jsonschema.Draft7Validator({"type": "object", "properties": {"status": status}})
+
+
+def _schema(resource: kmock.resource) -> ssa.Schema | None:
+    """The schema of a kind whose writes keep managedFields (None for the others)."""
+    file = _CRD_FILES.get(resource)
+    return _crd_schema(file) if file else None
+
+
+def _validate_status(resource: kmock.resource, name: str, obj: Json) -> None:
+    """The CRD's schema on the status a write leaves, and one item per key in each
+    `listType=map` list: 422 with a cause per field. (Other fields are not checked here, and
+    unknown fields are not pruned.)"""
+    file = _CRD_FILES.get(resource)
+    if file is None:
+        return
+    status_only = {"status": obj["status"]} if "status" in obj else {}
+    causes = [_schema_cause(e) for e in _status_validator(file).iter_errors(status_only)]
+    schema = _crd_schema(file)
+    for path, items, list_schema in ssa.iter_lists(obj.get("status"), schema.field("status"),
+                                                   "status"):  # fmt: skip
+        if list_schema.list_type != "map":
+            continue
+        seen = set()
+        for index, item in enumerate(items):
+            keys = {k: item.get(k) for k in list_schema.list_keys} if isinstance(item, dict) else {}
+            if _compact(keys) in seen:
+                shown = ", ".join(f"{json.dumps(k)}:{json.dumps(v)}" for k, v in keys.items())
+                message = f"Duplicate value: map[string]interface {{}}{{{shown}}}"
+                causes.append(
+                    {
+                        "reason": "FieldValueDuplicate",
+                        "message": message,
+                        "field": f"{path}[{index}]",
+                    }
+                )
+            seen.add(_compact(keys))
+    if causes:
+        raise invalid_object(resource, _kind(resource), name, causes)
+
+
+def _compact(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def _field_path(parts: Iterable[Any]) -> str:
+    """`status.conditions[0].reason`, as the API server names a field."""
+    out = ""
+    for part in parts:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _schema_cause(error: jsonschema.ValidationError) -> Json:
+    """One schema violation worded as kube-apiserver words it for a custom resource."""
+    field = _field_path(error.absolute_path)
+    value: Any = error.instance
+    rule: Any = error.validator_value
+    shown = json.dumps(value)
+    if error.validator == "required":
+        missing = re.match(r"'(.+)' is a required property", error.message)
+        name = missing.group(1) if missing else "?"
+        return {"reason": "FieldValueRequired", "message": "Required value",
+                "field": f"{field}.{name}"}  # fmt: skip
+    if error.validator == "maxItems":
+        why = f"Too many: {len(value)}: must have at most {rule} items"
+        return {"reason": "FieldValueTooMany", "message": why, "field": field}
+    if error.validator == "enum":
+        supported = ", ".join(json.dumps(v) for v in rule)
+        why = f"Unsupported value: {shown}: supported values: {supported}"
+        return {"reason": "FieldValueNotSupported", "message": why, "field": field}
+    if error.validator == "pattern":
+        why = f"Invalid value: {shown}: {field} in body should match '{rule}'"
+    else:
+        why = f"Invalid value: {shown}: {error.message}"
+    return {"reason": "FieldValueInvalid", "message": why, "field": field}
+
+
+def _cause(err: ssa.SchemaError) -> Json:
+    return {"reason": "FieldValueInvalid", "message": err.message, "field": err.path.lstrip(".")}
+
+
 def _generated_name(prefix: Any) -> str | None:
     if not isinstance(prefix, str) or not prefix:
         return None
@@ -872,11 +1243,11 @@ def too_large_event(since: str, current: int, code: int = 504) -> Json:
     return {"type": "ERROR", "object": status_object(code, "Timeout", message, details)}
 
 
-def status(code: int, message: str | None = None, reason: str | None = None) -> Response:
-    """An HTTP error with a Status body, as the API server answers a failed request."""
+def status(code: int, message: str | None = None, reason: str | None = None) -> ApiError:
+    """An HTTP error with a Status body, as the API server answers a failed request: for a
+    kmock reaction, which raises it, and the emulator answers it as any of its refusals."""
     reason = reason or ("InternalError" if code >= 500 else "Gone")
-    body = status_object(code, reason, message or f"injected {code}")
-    return Response(status=code, payload=body)
+    return ApiError(code, reason, message or f"injected {code}")
 
 
 async def broken_stream(request: kmock.Request) -> AsyncIterator[bytes]:
@@ -1002,8 +1373,34 @@ async def replace(k: KubernetesEmulator, resource: kmock.resource, obj: Json) ->
 async def patch(
     k: KubernetesEmulator, resource: kmock.resource, namespace: str | None, name: str, body: Any
 ) -> Json:
-    """A merge patch (None deletes a key)."""
-    return await _patch(k, resource, namespace, name, body, MERGE_PATCH)
+    """A merge patch (None deletes a key). For a kind with a status subresource, the body's
+    `status` goes to `.../status`, as its controller writes it (the object's own endpoint
+    ignores a status), each condition given the fields the CRD requires that it lacks."""
+    if not (isinstance(body, dict) and "status" in body and _has_status(k, resource)):
+        return await _patch(k, resource, namespace, name, body, MERGE_PATCH)
+    rest = {key: value for key, value in body.items() if key != "status"}
+    if rest:
+        await _patch(k, resource, namespace, name, rest, MERGE_PATCH)
+    status = {"status": _with_required_condition_fields(body["status"])}
+    return await _patch(k, resource, namespace, f"{name}/status", status, MERGE_PATCH)
+
+
+def _has_status(k: KubernetesEmulator, resource: kmock.resource) -> bool:
+    info = next((i for r, i in k.resources.items() if r == resource), None)
+    return isinstance(info, kmock.ResourceInfo) and "status" in info.subresources
+
+
+def _with_required_condition_fields(status: Any) -> Any:
+    """Conditions as a controller writes them: a reason (the type), a message and a
+    lastTransitionTime where the test left them out."""
+    if not isinstance(status, dict) or not isinstance(status.get("conditions"), list):
+        return status
+    defaults = {"message": "", "lastTransitionTime": _now()}
+    conditions = [
+        {"reason": c.get("type"), **defaults, **c} if isinstance(c, dict) else c
+        for c in status["conditions"]
+    ]
+    return {**status, "conditions": conditions}
 
 
 async def json_patch(

@@ -454,9 +454,9 @@ class RbacEmulator(VersionedEmulator):
             self._admit_owner_refs(key, None, body)
         return await super()._serve_create(request)
 
-    async def _update(self, key: Key, stored: Json, new: Json) -> Json:
-        self._admit_owner_refs(key, stored, new)
-        return await super()._update(key, stored, new)
+    async def _store(self, key: Key, stored: Json, new: Json) -> Json:
+        self._admit_owner_refs(key, stored, new)  # every PUT and PATCH (apply too) ends here
+        return await super()._store(key, stored, new)
 
 
 def _meta_name(plural: str, name: str) -> str:

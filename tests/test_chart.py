@@ -600,6 +600,8 @@ def cluster_self(backends: tuple[str, ...]) -> set[tuple[str, str, str, str]]:
     *((TRAINER, "trainjobs", v, "") for v in ("list", "watch", "patch")),
     *((TRAINER, r, v, "") for r in RUNTIMES for v in ("list", "watch")),
     (TRAINER, "trainjobs/finalizers", "update", ""),
+    (TRAINER, "trainjobs/status", "patch", ""),  # the GangScheduling condition
+    *(("", "pods", v, "") for v in ("list", "watch")),  # gang health: JobSet's pods, counted
     *((SCHEDULING, "priorityclasses", v, "") for v in ("list", "watch")),
     *(("", "nodes", v, "") for v in ("list", "watch")),  # feasibility at admission
     # The gang objects: what each backend the chart runs says it needs.
@@ -824,6 +826,7 @@ def test_alerts_and_dashboard_use_the_services_metrics(tmp_path: Path) -> None:
         "TrainJobSchedulingGangWaitingTooLong", "TrainJobSchedulingReconcileErrors",
         "TrainJobSchedulingNoLeader", "TrainJobSchedulingGangApiUnavailable",
         "TrainJobSchedulingGangCanNeverFit", "TrainJobSchedulingGangWaitingWithoutHeadroom",
+        "TrainJobSchedulingGangDegraded",
     } == set(alerts)  # fmt: skip
     used: dict[str, set[str]] = {name: metric_names(a["expr"]) for name, a in alerts.items()}
     panels = _dashboard(r)["panels"]

@@ -686,3 +686,267 @@ async def test_lists_come_in_pages_with_continue_tokens() -> None:
         k.compact()  # the token's version is history now
         async with k.get("/api/v1/nodes", params={"limit": "2", "continue": token}) as old:
             assert old.status == 410 and (await old.json())["reason"] == "Expired"
+
+
+# --- the status subresource and server-side apply (TrainJobs) ----------------------------------
+
+JOBS_URL = f"/apis/{TRAINER}/{VERSION}/namespaces/{NS}/trainjobs"
+JOB_URL = f"{JOBS_URL}/j"
+AT = "2026-03-04T05:06:07Z"
+
+
+def job(**status: Any) -> Json:
+    obj: Json = {
+        "apiVersion": f"{TRAINER}/{VERSION}",
+        "kind": "TrainJob",
+        "metadata": {"name": "j", "namespace": NS},
+        "spec": {"runtimeRef": {"name": "rt"}},
+    }
+    if status:
+        obj["status"] = status
+    return obj
+
+
+def cond(kind: str, status: str = "True", **extra: Any) -> Json:
+    fields = {"reason": kind, "message": "", "lastTransitionTime": AT, **extra}
+    return {"type": kind, "status": status, **fields}
+
+
+async def apply_status(
+    k: VersionedEmulator, *conditions: Json, manager: str = "svc", query: str = ""
+) -> tuple[int, Json]:
+    body = job(conditions=list(conditions))
+    url = f"{JOB_URL}/status?fieldManager={manager}{query}"
+    return await call(k, "PATCH", url, body, "application/apply-patch+yaml")
+
+
+@pytest.mark.asyncio
+async def test_the_status_subresource_writes_the_status_and_the_object_all_but_it() -> None:
+    async with emulator() as (k, _):
+        created = await create(k, TRAINJOBS, job(conditions=[cond("Created")]))
+        assert "status" not in created  # a create drops it: written only through .../status
+
+        # A TrainJob's PUT must name the version it replaces (no unconditional update).
+        code, answer = await call(k, "PUT", f"{JOB_URL}/status", job(conditions=[]))
+        assert_status(answer, 422, "Invalid", f'trainjobs.{TRAINER} "j" is invalid: '
+                      "metadata.resourceVersion: Invalid value: 0x0: must be specified for an "
+                      "update")  # fmt: skip
+        # PUT .../status: the status is taken, a change to the spec in the same body is not.
+        body = job(conditions=[cond("Created")])
+        body["metadata"]["resourceVersion"] = rv(created)
+        body["spec"]["suspend"] = True
+        code, put = await call(k, "PUT", f"{JOB_URL}/status", body)
+        assert code == 200, put
+        assert put["status"] == {"conditions": [cond("Created")]}
+        assert put["spec"] == created["spec"] and put["metadata"]["generation"] == 1
+        assert await events_since(k, JOBS_URL, rv(created)) == [("MODIFIED", put)]
+
+        # The object's own endpoint keeps the stored status, takes the rest.
+        change = {"spec": {"suspend": True}, "status": {"conditions": []}}
+        code, patched = await call(k, "PATCH", JOB_URL, change, MERGE_PATCH)
+        assert code == 200, patched
+        assert patched["status"] == put["status"] and patched["spec"]["suspend"] is True
+        assert patched["metadata"]["generation"] == 2  # the spec moved it; the status never does
+        code, merged = await call(k, "PATCH", f"{JOB_URL}/status", {"status": None}, MERGE_PATCH)
+        assert code == 200 and "status" not in merged and merged["metadata"]["generation"] == 2
+        ops = [{"op": "add", "path": "/status", "value": {"conditions": [cond("Created")]}}]
+        code, patched = await call(k, "PATCH", f"{JOB_URL}/status", ops, JSON_PATCH)
+        assert code == 200 and patched["status"] == put["status"]
+
+        # GET .../status is the whole object; no other subresource; no status subresource on a
+        # kind that has none; a status is not deleted.
+        code, read = await call(k, "GET", f"{JOB_URL}/status")
+        assert (code, read) == (200, patched)
+        for method, url in (("GET", f"{JOB_URL}/scale"), ("GET", f"{WORKLOADS_URL}/w/status")):
+            code, answer = await call(k, method, url)
+            assert code == 404, (url, answer)
+        code, answer = await call(k, "DELETE", f"{JOB_URL}/status")
+        assert_status(answer, 405, "MethodNotAllowed")
+        code, stale = await call(k, "PUT", f"{JOB_URL}/status", created)  # an old resourceVersion
+        assert_status(stale, 409, "Conflict")
+
+        async with k.get(f"/apis/{TRAINER}/{VERSION}") as response:
+            names = {r["name"] for r in (await response.json())["resources"]}
+        assert {"trainjobs", "trainjobs/status"} <= names
+
+
+@pytest.mark.asyncio
+async def test_apply_asks_a_field_manager_and_checks_what_it_is_given() -> None:
+    async with emulator() as (k, _):
+        created = await create(k, TRAINJOBS, job())
+        url = f"{JOB_URL}/status"
+        apply = "application/apply-patch+yaml"
+
+        code, answer = await call(k, "PATCH", url, job(), apply)
+        assert_status(
+            answer,
+            422,
+            "Invalid",
+            'PatchOptions.meta.k8s.io "" is invalid: fieldManager: Required value: '
+            "is required for apply patch",
+        )
+        assert answer["details"]["causes"][0]["field"] == "fieldManager"
+        code, answer = await call(k, "PATCH", f"{url}?force=true", {"status": {}}, MERGE_PATCH)
+        assert_status(answer, 422, "Invalid")
+        assert "force: Forbidden: may not be specified for non-apply patch" in answer["message"]
+        code, answer = await call(k, "PATCH", url, {"status": {}}, STRATEGIC_MERGE_PATCH)
+        assert_status(answer, 415, "UnsupportedMediaType")  # a custom resource: none of those
+        assert "application/apply-patch+yaml" in answer["message"]
+
+        wrong_version = {**job(), "apiVersion": f"{TRAINER}/v1"}
+        wrong_name = job()
+        wrong_name["metadata"]["name"] = "other"
+        with_fields = job()
+        with_fields["metadata"]["managedFields"] = [{"manager": "x", "operation": "Apply"}]
+        for body, code_wanted in ((wrong_version, 400), (wrong_name, 400), (with_fields, 400)):
+            code, answer = await call(k, "PATCH", f"{url}?fieldManager=m", body, apply)
+            assert code == code_wanted, answer
+        stale = job()
+        stale["metadata"]["resourceVersion"] = "1"
+        await patch(k, TRAINJOBS, NS, "j", {"metadata": {"labels": {"a": "b"}}})
+        code, answer = await call(k, "PATCH", f"{url}?fieldManager=m", stale, apply)
+        assert_status(answer, 409, "Conflict")
+        gone = job()
+        gone["metadata"]["name"] = "gone"
+        code, answer = await call(k, "PATCH", f"{JOBS_URL}/gone/status?fieldManager=m", gone, apply)
+        assert code == 404, answer  # no create by an apply (never on .../status anyway)
+
+        # YAML, as kubectl sends it; only the status counts on .../status.
+        yaml_body = (
+            f"apiVersion: {TRAINER}/{VERSION}\nkind: TrainJob\nmetadata:\n  name: j\n"
+            "  labels: {ignored: here}\nspec: {suspend: true}\n"
+            f"status:\n  conditions:\n  - {{type: A, status: 'True', reason: A, message: '',"
+            f" lastTransitionTime: '{AT}'}}\n"
+        )
+        headers = {"Content-Type": apply}
+        async with k.patch(f"{url}?fieldManager=m", data=yaml_body, headers=headers) as response:
+            assert response.status == 200, await response.text()
+            applied = await response.json()
+        assert applied["status"] == {"conditions": [cond("A")]}
+        assert applied["spec"] == created["spec"] and applied["metadata"]["labels"] == {"a": "b"}
+
+
+@pytest.mark.asyncio
+async def test_a_status_is_checked_against_the_crd_schema() -> None:
+    async with emulator() as (k, _):
+        created = await create(k, TRAINJOBS, job())
+        cases: list[tuple[list[Json], str, str, str]] = [
+            ([cond(f"C{i}") for i in range(9)], "status.conditions", "FieldValueTooMany",
+             "Too many: 9: must have at most 8 items"),
+            ([cond("A", reason="no spaces")], "status.conditions[0].reason", "FieldValueInvalid",
+             "Invalid value: \"no spaces\": status.conditions[0].reason in body should match "
+             "'^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$'"),
+            ([{"type": "A", "status": "True", "reason": "A", "lastTransitionTime": AT}],
+             "status.conditions[0].message", "FieldValueRequired", "Required value"),
+            ([cond("A", "Maybe")], "status.conditions[0].status", "FieldValueNotSupported",
+             'Unsupported value: "Maybe": supported values: "True", "False", "Unknown"'),
+            ([cond("A"), cond("A", "False")], "status.conditions[1]", "FieldValueDuplicate",
+             'Duplicate value: map[string]interface {}{"type":"A"}'),
+        ]  # fmt: skip
+        for conditions, field, reason, message in cases:
+            body = job(conditions=conditions)
+            body["metadata"]["resourceVersion"] = rv(created)
+            _, answer = await call(k, "PUT", f"{JOB_URL}/status", body)
+            assert_status(answer, 422, "Invalid")
+            cause = {"reason": reason, "message": message, "field": field}
+            assert cause in answer["details"]["causes"], answer
+            assert answer["message"] == f'TrainJob.{TRAINER} "j" is invalid: {field}: {message}'
+        _, answer = await apply_status(k, *[cond(f"C{i}") for i in range(9)])
+        assert_status(answer, 422, "Invalid")  # an apply too
+        _, answer = await apply_status(k, {"status": "True"})
+        assert_status(answer, 422, "Invalid")  # an item without its key
+        assert 'omits key field "type"' in answer["message"]
+        assert (await get(k, TRAINJOBS, NS, "j") or {}).get("status") is None
+        # A keyed list of the spec too: its items must have their keys (env, by name).
+        other = job()
+        other["metadata"]["name"] = "other"
+        other["spec"]["trainer"] = {"env": [{"value": "no name"}]}
+        _, answer = await call(k, "POST", JOBS_URL, other)
+        assert_status(answer, 422, "Invalid")
+        assert answer["details"]["causes"][0]["field"] == "spec.trainer.env[0]"
+
+
+@pytest.mark.asyncio
+async def test_managed_fields_say_who_set_what_in_the_api_servers_format() -> None:
+    async with emulator() as (k, url), api_client(url) as api:
+        await create(k, TRAINJOBS, job())
+        custom = CustomObjectsApi(api)
+        body = job(conditions=[cond("G", "False", observedGeneration=1)])
+        applied: Any = await custom.patch_namespaced_custom_object_status(
+            TRAINER, VERSION, NS, "trainjobs", "j", body,
+            field_manager="svc", force=True, _content_type="application/apply-patch+yaml",
+        )  # fmt: skip
+        assert applied["status"]["conditions"] == body["status"]["conditions"]
+        first, second = applied["metadata"]["managedFields"]
+        assert SECONDS.match(first.pop("time")) and SECONDS.match(second.pop("time"))
+        assert first == {
+            "manager": "svc",
+            "operation": "Apply",
+            "apiVersion": f"{TRAINER}/{VERSION}",
+            "fieldsType": "FieldsV1",
+            "fieldsV1": {
+                "f:status": {
+                    "f:conditions": {
+                        'k:{"type":"G"}': {
+                            ".": {},
+                            "f:lastTransitionTime": {},
+                            "f:message": {},
+                            "f:observedGeneration": {},
+                            "f:reason": {},
+                            "f:status": {},
+                            "f:type": {},
+                        }
+                    }
+                }
+            },
+            "subresource": "status",
+        }
+        assert second["operation"] == "Update" and "subresource" not in second
+        assert second["fieldsV1"] == {"f:spec": {".": {}, "f:runtimeRef": {".": {}, "f:name": {}}}}
+
+        # Applied again without a field it applied before: the field goes (nobody else owns it).
+        code, fewer = await apply_status(k, cond("G", "False"))
+        assert code == 200 and fewer["status"]["conditions"] == [cond("G", "False")]
+        # The official client's own writes are its User-Agent's: "OpenAPI-Generator".
+        updated: Any = await custom.patch_namespaced_custom_object_status(
+            TRAINER, VERSION, NS, "trainjobs", "j",
+            {"status": {"conditions": [cond("G", "False"), cond("H")]}},
+        )  # fmt: skip
+        managers = {(e["manager"], e["operation"]) for e in updated["metadata"]["managedFields"]}
+        assert ("OpenAPI-Generator", "Update") in managers
+        # Applying nothing of its own: its fields go, and so does a status left empty.
+        code, emptied = await apply_status(k)
+        assert code == 200 and emptied["status"]["conditions"] == [cond("H")]
+        code, answer = await call(
+            k, "PUT", f"{JOB_URL}/status", {**job(), "metadata": emptied["metadata"]}
+        )
+        assert code == 200 and "status" not in answer
+        # Left: the creator's spec, under kmock's test client's User-Agent ("kmock/...").
+        assert {e["manager"] for e in answer["metadata"]["managedFields"]} == {"kmock"}
+
+
+@pytest.mark.asyncio
+async def test_an_apply_to_the_object_itself_owns_its_fields_and_leaves_the_status() -> None:
+    async with emulator() as (k, _):
+        await create(k, TRAINJOBS, job())
+        await apply_status(k, cond("G"))
+        apply = "application/apply-patch+yaml"
+        body = job(conditions=[])  # a status here is not this endpoint's: ignored
+        body["spec"]["suspend"] = True
+        body["metadata"]["labels"] = {"team": "a"}
+        code, applied = await call(k, "PATCH", f"{JOB_URL}?fieldManager=kubectl", body, apply)
+        assert code == 200, applied
+        assert applied["spec"]["suspend"] is True and applied["metadata"]["labels"] == {"team": "a"}
+        assert applied["status"]["conditions"] == [cond("G")]
+        assert applied["metadata"]["generation"] == 2
+        (mine,) = [e for e in applied["metadata"]["managedFields"] if e["manager"] == "kubectl"]
+        assert mine["operation"] == "Apply" and "subresource" not in mine
+        assert mine["fieldsV1"] == {
+            "f:metadata": {"f:labels": {"f:team": {}}},
+            "f:spec": {"f:runtimeRef": {"f:name": {}}, "f:suspend": {}},
+        }
+        other = job()
+        other["spec"]["suspend"] = False
+        code, answer = await call(k, "PATCH", f"{JOB_URL}?fieldManager=other", other, apply)
+        assert_status(answer, 409, "Conflict")
+        assert [c["field"] for c in answer["details"]["causes"]] == [".spec.suspend"]

@@ -89,6 +89,7 @@ class GangStatus:
     scheduled: bool
     reason: str  # Scheduled, or one of WAITING_REASONS
     scheduled_at: str | None = None  # when it was scheduled (RFC 3339), if the object says
+    message: str = ""  # the scheduler's own words for a waiting verdict, if the object has them
 
 
 @dataclass(frozen=True)

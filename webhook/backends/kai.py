@@ -176,9 +176,12 @@ def pod_group_status(obj: Mapping[str, Any]) -> GangStatus:
     names = {r.get("reason") for r in reasons if isinstance(r, dict)} if isinstance(
         reasons, list
     ) else set()  # fmt: skip
+    said = last.get("message")
+    said = said if isinstance(said, str) else ""
     if last.get("type") == UNSCHEDULABLE and QUEUE_MISSING not in names:
-        return GangStatus(policy, False, "Unschedulable")
-    return GangStatus(policy, False, "Other")  # no such queue, or a verdict of another kind
+        return GangStatus(policy, False, "Unschedulable", message=said)
+    # No such queue, or a verdict of another kind.
+    return GangStatus(policy, False, "Other", message=said)
 
 
 # --- admission -------------------------------------------------------------------------------

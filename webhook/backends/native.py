@@ -503,7 +503,10 @@ def pod_group_status(obj: Mapping[str, Any]) -> GangStatus:
             reason = cond.get("reason")
             if reason not in ("Unschedulable", "SchedulerError"):
                 reason = "Other"  # any other value would be a label value without bound
-            return GangStatus(kind, False, str(reason))
+            said = cond.get("message")
+            return GangStatus(
+                kind, False, str(reason), message=said if isinstance(said, str) else ""
+            )
     return GangStatus(kind, False, "NotEvaluated")
 
 

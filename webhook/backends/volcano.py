@@ -234,9 +234,11 @@ def pod_group_status(obj: Mapping[str, Any]) -> GangStatus:
             reason = cond.get("reason")
             if reason in ASSEMBLING:
                 return GangStatus(policy, False, "NotEvaluated")
+            said = cond.get("message")
+            said = said if isinstance(said, str) else ""
             if reason == "NotEnoughResources":
-                return GangStatus(policy, False, "Unschedulable")
-            return GangStatus(policy, False, "Other")
+                return GangStatus(policy, False, "Unschedulable", message=said)
+            return GangStatus(policy, False, "Other", message=said)
     return GangStatus(policy, False, "NotEvaluated")
 
 

@@ -7,7 +7,9 @@ The verdict, first that holds: finished; no gang (no spec.scheduling, an invalid
 missing runtime, no backend for its scheduler); can never fit as configured (a gang that no
 domain holds even empty); suspended by Kueue (queued: the queue label) or suspended; waiting
 for its gang objects to be created; waiting for pods to be created (a gang has fewer pods than
-its minCount); waiting for capacity in a domain; scheduled (every gang placed).
+its minCount); waiting for capacity in a domain; degraded (a gang placed, and said Scheduled by
+the service's GangScheduling condition, now has fewer live pods than its minCount); scheduled
+(every gang placed).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..backends.base import Context
-from ..core import feasibilityview, planview
+from ..core import condition, feasibilityview, planview
 from ..core.feasibility import Fit, Gang, gangs_of, judge
 from ..core.feasibility import Nodes as NodeView
 from ..core.kueue import QUEUE_LABEL
@@ -24,6 +26,7 @@ from ..core.lifecycle import MULTIKUEUE, is_finished
 from ..core.plan import group_for_labels
 from ..core.trainer import CLUSTER_RUNTIME_KIND
 from ..kube.feasibility import domains_by_node_labels
+from ..kube.gangpods import LIVE, SUCCEEDED, state_of
 from .gather import Findings
 
 Json = dict[str, Any]
@@ -119,7 +122,8 @@ def _pods(found: Findings) -> Json:
     if plan is not None:
         for g in plan.groups:
             groups[g.pod_group_name] = {
-                "podGroup": g.pod_group_name, "minCount": g.min_count, "created": 0, "bound": 0
+                "podGroup": g.pod_group_name, "minCount": g.min_count, "created": 0, "bound": 0,
+                "live": 0, "succeeded": 0,
             }  # fmt: skip
     reasons: dict[tuple[str, str], Json] = {}
     bound = 0
@@ -131,6 +135,9 @@ def _pods(found: Findings) -> Json:
         if group is not None and group.pod_group_name in groups:
             groups[group.pod_group_name]["created"] += 1
             groups[group.pod_group_name]["bound"] += on_node
+            state = state_of(pod)
+            groups[group.pod_group_name]["live"] += state == LIVE
+            groups[group.pod_group_name]["succeeded"] += state == SUCCEEDED
         if on_node:
             continue
         for c in (pod.get("status") or {}).get("conditions") or []:
@@ -249,6 +256,24 @@ def _decide(found: Findings, report: Json, judged: list[tuple[Gang, Fit]]) -> tu
                 f"{g.min_count} pods it waits for (Trainer, JobSet, quota, the pod webhook)"
             )
         return "waiting-for-capacity", _capacity_text(g.pod_group_name, report, judged)
+    said = condition.stored_condition(found.trainjob) or {}
+    for g in gangs:
+        pods = by_group.get(g.pod_group_name, {})
+        have = pods.get("live", 0) + pods.get("succeeded", 0)
+        if (
+            g.min_count is not None
+            and have < g.min_count
+            and said.get("reason")
+            in (
+                condition.SCHEDULED,
+                condition.DEGRADED,
+            )
+        ):
+            return "degraded", (
+                f"degraded: gang {g.pod_group_name} was scheduled and now has {have} of the "
+                f"{g.min_count} live pods it needs (minCount); lost pods are usually recreated "
+                "by JobSet, until then the rest of the gang waits on its nodes"
+            )
     bound = report["pods"]["bound"]
     return "scheduled", f"scheduled: every gang is placed ({bound} pods bound)"
 
@@ -317,7 +342,10 @@ def render(report: Json) -> str:
     )
     for g in pods["byGroup"]:
         wanted = f" of minCount {g['minCount']}" if g["minCount"] is not None else ""
-        lines.append(f"  {g['podGroup']}: {g['created']}{wanted} created, {g['bound']} bound")
+        lines.append(
+            f"  {g['podGroup']}: {g['created']}{wanted} created, {g['bound']} bound, "
+            f"{g['live']} live"
+        )
     for r in pods["pendingReasons"]:
         lines.append(f"  pending ({r['pods']}, e.g. {r['example']}): {r['reason']}: {r['message']}")
     lines.append("")

@@ -16,6 +16,7 @@ from kubernetes.aio.client import ApiClient, Configuration
 from ..backends.base import GangBackend, Kind
 from ..core.trainer import TRAINER_GROUP
 from .cache import Cache, Store
+from .gangpods import SELECTOR, GangPods
 from .informer import Informer, Resource
 
 log = logging.getLogger("webhook.kube")
@@ -26,6 +27,12 @@ TRAINING_RUNTIMES = Resource(TRAINER, "v1alpha1", "trainingruntimes")
 CLUSTER_RUNTIMES = Resource(TRAINER, "v1alpha1", "clustertrainingruntimes")
 PRIORITY_CLASSES = Resource("scheduling.k8s.io", "v1", "priorityclasses")
 NODES = Resource("", "v1", "nodes")
+PODS = Resource("", "v1", "pods")
+POD_PAGE = 500
+PODS_FORBIDDEN = (
+    " (the service may not list and watch pods: gangs that lose pods after admission are not"
+    " seen as degraded until it may; grant it as the chart does)"
+)
 NODE_PAGE = 500  # client-go's reflector lists in pages of 500 too
 NODES_FORBIDDEN = (
     " (the service may not list and watch nodes: feasibility at admission stays off until it"
@@ -128,7 +135,7 @@ def resource(kind: Kind) -> Resource:
 def _per_namespace(
     api: ApiClient,
     resource: Resource,
-    store: Store,
+    store: Store | GangPods,
     namespaces: Sequence[str],
     on_restart: Callable[[str], None] | None,
     **kw: Any,
@@ -201,3 +208,17 @@ def backend_informers(
         if cache.kind_served(kind)
         for informer in kind_informers(api, cache, kind, namespaces, on_restart)
     ]
+
+
+def pod_informers(
+    api: ApiClient,
+    pods: GangPods,
+    namespaces: Sequence[str] = (),
+    on_restart: Callable[[str], None] | None = None,
+) -> list[Informer]:
+    """The watch of JobSet's pods (its label), in pages, each pod reduced to its Job's counts
+    (`gangpods.py`): gang health after admission."""
+    return _per_namespace(
+        api, PODS, pods, namespaces, on_restart, page_size=POD_PAGE, label_selector=SELECTOR,
+        not_served_hint="", forbidden_hint=PODS_FORBIDDEN,
+    )  # fmt: skip

@@ -36,6 +36,7 @@ Sleep = Callable[[float], Awaitable[None]]
 MIN_WATCH_SECONDS = 1.0
 TRANSIENT_RETRIES = 5  # "Too large resource version" in a row before it is a warning
 TRANSIENT_SECONDS = 10.0  # or this long since the first of them
+YIELD_EVERY = 64  # watch events handled between two turns of the event loop
 NOT_SERVED = " (the resource is not served: is the Kubeflow Trainer CRD installed?)"
 
 
@@ -79,6 +80,7 @@ class Informer:
         not_served_hint: str = NOT_SERVED,
         forbidden_hint: str = "",
         page_size: int | None = None,
+        label_selector: str | None = None,
         on_restart: Callable[[], None] | None = None,
         sleep: Sleep = asyncio.sleep,
         clock: Callable[[], float] = time.monotonic,
@@ -91,6 +93,7 @@ class Informer:
         self.forbidden_hint = forbidden_hint
         """Said with a 403; the same failure again is then logged at debug only."""
         self.page_size = page_size
+        self.selector = [("labelSelector", label_selector)] if label_selector else []
         self._last_error = ""
         self.watch_timeout = watch_timeout
         self.backoff = backoff or Backoff()
@@ -139,7 +142,7 @@ class Informer:
         items: list[dict[str, Any]] = []
         token: str | None = None
         while True:
-            query: list[tuple[str, Any]] = []
+            query: list[tuple[str, Any]] = [*self.selector]
             if self.page_size:
                 query.append(("limit", self.page_size))
             if token:
@@ -170,6 +173,7 @@ class Informer:
             ("watch", "true"),
             ("allowWatchBookmarks", "true"),
             ("timeoutSeconds", self.watch_timeout),
+            *self.selector,
         ]
         if self.resource_version:
             query.append(("resourceVersion", self.resource_version))
@@ -188,6 +192,8 @@ class Informer:
                     self._apply(_event(line))
                     self.backoff.reset()
                     events += 1
+                    if events % YIELD_EVERY == 0:  # a burst's buffered lines: let others run
+                        await asyncio.sleep(0)
         finally:
             response.release()
         return events

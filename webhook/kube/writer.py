@@ -16,7 +16,9 @@ from typing import Any
 from kubernetes.aio.client import ApiClient, CustomObjectsApi
 
 from ..backends.base import Kind
+from ..core.condition import FIELD_MANAGER
 from ..core.snapshot import SNAPSHOT_ANNOTATION
+from ..core.trainer import TRAINER_API_VERSION, TRAINJOB_KIND
 from .client import TRAINJOBS
 from .rest import body_of
 
@@ -107,6 +109,26 @@ class ApiWriter:
             self.objects.patch_namespaced_custom_object_without_preload_content,
             r.group, r.version, namespace, r.plural, name, body,
             _content_type="application/merge-patch+json",
+        )  # fmt: skip
+        await body_of(response)
+
+    async def apply_condition(self, namespace: str, name: str, condition: JsonObject) -> None:
+        """Server-side applies one condition to a TrainJob's status subresource under the
+        service's own field manager: the API server merges `conditions` by `type`, so the
+        Trainer controller's stay as they are. `force`: a merge patch from Trainer's stale cache
+        can take this condition's fields over, and without it the apply would answer 409."""
+        r = TRAINJOBS
+        body = {
+            "apiVersion": TRAINER_API_VERSION,
+            "kind": TRAINJOB_KIND,
+            "metadata": {"name": name, "namespace": namespace},
+            "status": {"conditions": [condition]},
+        }
+        response = await self._call(
+            self.objects.patch_namespaced_custom_object_status_without_preload_content,
+            r.group, r.version, namespace, r.plural, name, body,
+            field_manager=FIELD_MANAGER, force=True,
+            _content_type="application/apply-patch+yaml",
         )  # fmt: skip
         await body_of(response)
 

@@ -188,6 +188,25 @@ class Metrics:
             "creates nothing for them).",
             registry=r,
         )
+        self.gangs_degraded = Gauge(
+            "trainjob_scheduling_gangs_degraded",
+            "Gangs admitted that now have fewer live pods than their minCount (lost to eviction, "
+            "preemption or a failed node), as the leader's GangScheduling condition says.",
+            registry=r,
+        )
+        self.gang_degradations = Counter(
+            "trainjob_scheduling_gang_degradations",
+            "Times an admitted gang fell below its minCount of live pods, by namespace.",
+            ["namespace"],
+            registry=r,
+        )
+        self.status_writes = Counter(
+            "trainjob_scheduling_status_writes",
+            "Server-side applies of the GangScheduling condition, by its reason (one per change "
+            "of status, reason or message, never per pass).",
+            ["reason"],
+            registry=r,
+        )
         self.events = Counter(
             "trainjob_scheduling_events",
             "Kubernetes Events the service posted, by reason.",

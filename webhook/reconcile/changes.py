@@ -15,6 +15,7 @@ from ..kube.events import MAX_NOTE
 
 if TYPE_CHECKING:
     from ..kube.events import EventRecorder
+    from .status import Outcome
 
 JsonObject = dict[str, Any]
 
@@ -23,6 +24,7 @@ class Changes:
     def __init__(self) -> None:
         self._about: JsonObject | None = None
         self._done: dict[tuple[str, str], list[str]] = {}  # (reason, action) -> what was done
+        self.outcome: Outcome | None = None  # what the pass found, for the TrainJob's condition
 
     def add(self, trainjob: JsonObject, reason: str, action: str, what: str) -> None:
         self._about = trainjob

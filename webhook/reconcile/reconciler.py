@@ -37,6 +37,7 @@ from ..kube.rest import status_message
 from ..kube.writer import ApiWriter
 from .changes import Changes
 from .queue import QueueMetrics, ShutDown, WorkQueue
+from .status import Outcome, StatusWriter, lifecycle_of
 
 if TYPE_CHECKING:
     from ..metrics.registry import Metrics
@@ -74,9 +75,11 @@ class Reconciler:
         settings: ReconcilerSettings = ReconcilerSettings(),
         *,
         metrics: Metrics | None = None,
+        status: StatusWriter | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.cache = cache
+        self.status = status  # the GangScheduling condition, written after each pass
         self.writer = writer
         self.events = events
         self.settings = settings
@@ -99,6 +102,8 @@ class Reconciler:
             store.subscribe(functools.partial(self._owned_changed, kind))
         cache.cluster_runtimes.subscribe(self._runtime_changed)
         cache.training_runtimes.subscribe(self._runtime_changed)
+        if status is not None and status.pods is not None:
+            status.pods.subscribe(self._pods_changed)
 
     # --- running -------------------------------------------------------------------------------
 
@@ -118,6 +123,8 @@ class Reconciler:
             await asyncio.gather(*tasks)
         finally:
             self.queue = None
+            if self.status is not None:
+                self.status.reset()  # the next leader counts the degraded gangs
             queue.shut_down()
             for task in tasks:
                 task.cancel()
@@ -179,9 +186,14 @@ class Reconciler:
     async def reconcile(self, key: Key) -> Result:
         changes = Changes()
         try:
-            return await self._reconcile(key, changes)
+            result = await self._reconcile(key, changes)
         finally:  # also after a failure part way: what was done is told
             changes.record(self.events)
+        if self.status is not None:
+            again = await self.status.sync(key, changes.outcome)
+            if again is not None and (result.requeue_after is None or again < result.requeue_after):
+                result = Result(again)  # a condition write put off: look again then
+        return result
 
     async def _reconcile(self, key: Key, changes: Changes) -> Result:
         namespace, name = key
@@ -207,7 +219,7 @@ class Reconciler:
                 return DONE  # finished before we ever saw it: nothing to make or remove
             # Suspended ones too (Kueue creates TrainJobs suspended): the runtime is frozen when
             # the TrainJob is new, not when quota lets it run.
-            taken = await self._take_snapshot(key, raw, trainjob)
+            taken = await self._take_snapshot(key, raw, trainjob, changes)
             if isinstance(taken, Result):
                 return taken
             runtime, plan = taken
@@ -216,12 +228,14 @@ class Reconciler:
                 plan = build_plan(trainjob, runtime)
         except PlanningError as err:
             note = f"cannot plan its gang: {err.errors[0]}"
-            self.events.record(raw, "Warning", "InvalidScheduling", "Reconcile", note)
+            _blocked(changes, self.events, raw, "InvalidScheduling", note)
             return DONE
+        if plan is not None and no_gang is not None:
+            changes.outcome = Outcome(lifecycle_of(trainjob))
         if plan is None or no_gang is not None:
             why = no_gang or "the runtime has no spec.scheduling"
             return await self._remove_all(raw, why, False, changes)
-        backend = self._backend(key, raw, plan)
+        backend = self._backend(key, raw, plan, changes)
         if backend is None:
             if self.backends.for_plan(plan) is None:
                 return await self._remove_all(
@@ -236,11 +250,14 @@ class Reconciler:
                 f"{kind.kind} {_meta(obj).get('name')!r} for this TrainJob was made by another "
                 "controller: this service stands down (it creates nothing and ties no pod)"
             )
-            self.events.record(raw, "Warning", "StandingDown", "Reconcile", note)
+            _blocked(changes, self.events, raw, "StandingDown", note)
             return DONE
+        changes.outcome = Outcome(plan=plan, backend=backend, trainjob=trainjob, runtime=runtime)
         return await self._converge(raw, plan, backend, changes)
 
-    def _backend(self, key: Key, raw: JsonObject, plan: Plan) -> GangBackend | None:
+    def _backend(
+        self, key: Key, raw: JsonObject, plan: Plan, changes: Changes
+    ) -> GangBackend | None:
         """The backend whose objects the plan needs, if it can have them now (else an Event
         says why, once, and the TrainJob is counted as waiting for that backend's API)."""
         backend = self.backends.for_plan(plan)
@@ -249,7 +266,7 @@ class Reconciler:
                 f"its pods name the scheduler {plan.scheduler_name!r}, which no gang backend "
                 "here serves (see the --*-schedulers flags): it gets no gang"
             )
-            self.events.record(raw, "Warning", "NoGangBackend", "Reconcile", note)
+            _blocked(changes, self.events, raw, "NoGangBackend", note)
             return None
         waiting = self.without_backend.setdefault(backend.name, set())
         self._track(waiting, key, self.cache.api(backend) != "served")
@@ -259,7 +276,7 @@ class Reconciler:
                 f"its pods name the scheduler {plan.scheduler_name!r}, whose API ({version}) "
                 f"the cluster does not serve: no {backend.name} gang until it does"
             )
-            self.events.record(raw, "Warning", "GangBackendUnavailable", "Reconcile", note)
+            _blocked(changes, self.events, raw, "GangBackendUnavailable", note)
             return None
         return backend
 
@@ -283,6 +300,8 @@ class Reconciler:
         self.stood_down.discard(key)
         for keys in self.without_backend.values():
             keys.discard(key)
+        if self.status is not None:
+            self.status.forget(key)
 
     def _frozen(self, key: Key, raw: JsonObject, uid: str) -> str | None:
         """The TrainJob's runtime snapshot: in the cache, or written by this service and not yet
@@ -298,7 +317,7 @@ class Reconciler:
         return text
 
     async def _take_snapshot(
-        self, key: Key, raw: JsonObject, trainjob: TrainJob
+        self, key: Key, raw: JsonObject, trainjob: TrainJob, changes: Changes
     ) -> tuple[CheckedRuntime, Plan | None] | Result:
         """Freezes the runtime into the TrainJob, and its plan (None when it cannot be planned:
         planned again to say why); a Result when there is nothing to do yet."""
@@ -309,16 +328,16 @@ class Reconciler:
             self._waiting.setdefault(runtime_key, set()).add(key)  # a runtime change retries
             if checked is None:
                 note = f'{kind} "{ref}" not found; waiting for it'
-                self.events.record(raw, "Warning", "RuntimeNotFound", "Reconcile", note)
+                _blocked(changes, self.events, raw, "RuntimeNotFound", note)
             elif checked.layout is not None:
                 note = f"{kind} {ref!r} is invalid: {checked.verdict.errors[0]}"
-                self.events.record(raw, "Warning", "InvalidRuntime", "Reconcile", note)
+                _blocked(changes, self.events, raw, "InvalidRuntime", note)
             return DONE  # no spec.scheduling: not ours
         try:
             plan = build_plan(trainjob, checked)
         except PlanningError:
             plan = None  # said after the snapshot, from the frozen runtime
-        if plan is not None and self._backend(key, raw, plan) is None:
+        if plan is not None and self._backend(key, raw, plan, changes) is None:
             return DONE  # a TrainJob this service cannot gang now: leave it untouched
         assert trainjob.metadata.uid is not None
         namespace, name = key
@@ -348,7 +367,7 @@ class Reconciler:
                 f"its runtime combines levels into a tree of groups of groups, which the "
                 f"{backend.name} gang backend cannot express: no gang"
             )
-            changes.warn(self.events, trainjob, "GangKindUnavailable", "Reconcile", note)
+            _blocked(changes, self.events, trainjob, "GangKindUnavailable", note)
             return DONE
         kind = self.cache.missing_kind(backend, plan)
         if kind is not None:
@@ -358,7 +377,7 @@ class Reconciler:
                 f"its plan needs {kind.kind}s, which the cluster does not serve "
                 f"({kind.group_version}: is the feature gate on?): no gang until it does"
             )
-            changes.warn(self.events, trainjob, "GangKindUnavailable", "Reconcile", note)
+            _blocked(changes, self.events, trainjob, "GangKindUnavailable", note)
             return DONE  # discovery looks at every TrainJob again once they are served
         # Children point at their parents' uids: those stored now, and rendered again only
         # when a parent stored during this pass changes them (the first pass's creates).
@@ -392,7 +411,7 @@ class Reconciler:
                         # Refused as it is (another scheduler's webhook: a closed queue, a
                         # quota): say why, and try again later rather than in a tight loop.
                         note = f"the API server refused {kind.kind} {name!r}: {_reason(err)}"
-                        changes.warn(self.events, trainjob, "Refused", "Create", note)
+                        _blocked(changes, self.events, trainjob, "Refused", note, "Create")
                         return Result(self.settings.conflict_retry)
                     if stored is None:
                         return Result(self.settings.wait_retry)
@@ -444,7 +463,7 @@ class Reconciler:
                 f"{kind.kind} {meta.get('name')!r} exists and was not made by this service for "
                 "this TrainJob; leaving it alone (delete it to let this TrainJob have its gang)"
             )
-            changes.warn(self.events, trainjob, "Conflict", "Reconcile", note)
+            _blocked(changes, self.events, trainjob, "Conflict", note)
             return Result(self.settings.conflict_retry)
         if meta.get("deletionTimestamp") or meta.get("uid") in self._deleted:
             return Result(self.settings.wait_retry)  # going away: recreate after it has gone
@@ -460,6 +479,8 @@ class Reconciler:
                 f"{meta.get('name')!r}: enable the feature gate; not recreating it"
             )
             changes.warn(self.events, trainjob, "FeatureGateOff", "Reconcile", note)
+            if changes.outcome is not None:
+                changes.outcome.dropped = note
         if drift.kind == "patch":
             try:
                 await self.writer.json_patch(
@@ -573,6 +594,12 @@ class Reconciler:
         else:
             self.queue.add((namespace, name))
 
+    def _pods_changed(self, namespace: str, jobset: str) -> None:
+        """A Job's live pods changed: its TrainJob's gang health is judged again (the queue
+        holds a key once, so a burst of pod events costs one pass per TrainJob)."""
+        if self.queue is not None and self.cache.trainjobs.get(namespace, jobset) is not None:
+            self.queue.add((namespace, jobset))
+
     def _runtime_changed(
         self, event: EventType, old: JsonObject | None, new: JsonObject | None
     ) -> None:
@@ -619,6 +646,19 @@ class Reconciler:
         m.reconcile_time.labels(controller=CONTROLLER).observe(self.clock() - started)
         if result == "error":
             m.reconcile_errors.labels(controller=CONTROLLER).inc()
+
+
+def _blocked(
+    changes: Changes,
+    events: EventRecorder,
+    trainjob: JsonObject,
+    reason: str,
+    note: str,
+    action: str = "Reconcile",
+) -> None:
+    """A Warning Event for what keeps the TrainJob from its gang, which its condition says too."""
+    changes.warn(events, trainjob, reason, action, note)
+    changes.outcome = Outcome(blocker=(reason, note))
 
 
 def _meta(obj: JsonObject) -> JsonObject:

@@ -30,10 +30,11 @@ from ..backends.kai import KaiSettings
 from ..backends.registry import default_backends
 from ..backends.volcano import VolcanoSettings
 from ..kube.cache import Cache, GangApi, Store
-from ..kube.client import connect, informers, kind_informers, node_informer
+from ..kube.client import connect, informers, kind_informers, node_informer, pod_informers
 from ..kube.discovery import BackendApiWatch
 from ..kube.events import EventRecorder
 from ..kube.feasibility import Mode
+from ..kube.gangpods import GangPods
 from ..kube.leader import LeaderElector, LeaseSettings
 from ..kube.writer import ApiWriter, WriterSettings
 from ..metrics.app import Checker, MetricsApp, NoCluster
@@ -42,6 +43,7 @@ from ..metrics.feasibility import FeasibilityCollector
 from ..metrics.gangs import GangTracker
 from ..metrics.registry import Metrics
 from ..reconcile.reconciler import CONTROLLER, Reconciler, ReconcilerSettings
+from ..reconcile.status import StatusWriter
 from ..tls.reload import ReloadingContext
 from .app import Limits, Readiness, admission_app, health_app
 from .certificates import Certificates, CertSettings, certificates
@@ -272,12 +274,15 @@ def background(
             on_drop=metrics.events_dropped.inc,
         )
         writer = ApiWriter(api, WriterSettings(qps=r.qps, burst=r.burst))
+        pods = GangPods()  # gang health after admission: JobSet's pods, counted
+        jobs += [i.run() for i in pod_informers(api, pods, r.namespaces, restarted)]
         reconciler = Reconciler(
             cache,
             writer,
             events,
             ReconcilerSettings(workers=r.workers, resync_period=r.resync_period),
             metrics=metrics,
+            status=StatusWriter(cache, writer, events, pods, metrics=metrics),
         )
         jobs.append(events.run())
 

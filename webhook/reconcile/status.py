@@ -1,0 +1,291 @@
+"""Writes the GangScheduling condition (`core/condition.py`) at the end of each reconcile pass:
+the leader only (the reconciler runs only while it leads), and only when the stored condition
+says something else (the cache's TrainJob, as the watch shows it: a condition reverted or
+dropped by another writer is applied again; an unchanged one costs no request).
+
+The pass tells what it found (`Outcome`); the gangs' state is read here from the cache (each
+group object's status, through its backend) and from the pod counts (`kube/gangpods.py`).
+A gang that falls below its minCount after admission gets one Warning Event, a place in the
+degraded gauge and a count in the per-namespace counter.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from kubernetes.aio.client.exceptions import ApiException
+
+from ..backends.base import Context, GangBackend, GangStatus
+from ..core import condition as cond
+from ..core.lifecycle import MULTIKUEUE, is_finished
+from ..core.plan import GroupPlan, Plan
+from ..core.trainer import TrainJob
+from ..core.validation import CheckedRuntime
+from ..kube.cache import Cache, Key
+from ..kube.events import EventRecorder
+from ..kube.feasibility import domains_by_node_labels, mode_of
+from ..kube.gangpods import GangPods, JobKey, JobPods
+from ..kube.rest import status_message
+from ..kube.writer import ApiWriter
+
+if TYPE_CHECKING:
+    from ..metrics.registry import Metrics
+
+log = logging.getLogger("webhook.status")
+
+EXPECTATION_TTL = 30.0  # seconds a write stands in for its watch event
+RECOUNT_AFTER = 10.0  # seconds between writes that only change a Degraded gang's pod count
+PODS_UNLISTED_RETRY = 1.0  # seconds: a Degraded TrainJob waits for the pods to be listed
+
+
+@dataclass
+class Outcome:
+    """What one reconcile pass found, for the condition; None of it for a TrainJob that is not
+    this service's (its runtime has no spec.scheduling)."""
+
+    lifecycle: cond.Lifecycle = "active"
+    blocker: tuple[str, str] | None = None  # (Event reason, note) that stopped it short
+    dropped: str | None = None  # FeatureGateOff's note
+    plan: Plan | None = None
+    backend: GangBackend | None = None
+    trainjob: TrainJob | None = None
+    runtime: CheckedRuntime | None = None
+
+
+def lifecycle_of(trainjob: TrainJob) -> cond.Lifecycle:
+    if trainjob.spec.managed_by == MULTIKUEUE:
+        return "elsewhere"
+    if is_finished(trainjob):
+        return "finished"
+    if trainjob.spec.suspend is True:
+        return "suspended"
+    return "active"
+
+
+class StatusWriter:
+    def __init__(
+        self,
+        cache: Cache,
+        writer: ApiWriter,
+        events: EventRecorder,
+        pods: GangPods | None = None,
+        *,
+        metrics: Metrics | None = None,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.cache = cache
+        self.writer = writer
+        self.events = events
+        self.pods = pods
+        self.metrics = metrics
+        self.clock = clock
+        self.monotonic = monotonic
+        self._written: dict[Key, tuple[str, float]] = {}  # resourceVersion written over, when
+        self._last_write: dict[Key, float] = {}  # monotonic time of the last write
+        self.degraded: dict[Key, frozenset[str]] = {}  # TrainJob -> its degraded gangs
+        self._refused: set[int] = set()  # HTTP statuses already logged at warning
+
+    async def sync(self, key: Key, outcome: Outcome | None) -> float | None:
+        """Applies the condition the stored TrainJob should carry, if it carries another;
+        returns when to look again when a write was put off."""
+        entry = self.cache.trainjobs.get(*key)
+        if entry is None or outcome is None:
+            return None  # gone, or not this service's: never a write of any kind
+        raw = entry.raw
+        stored = cond.stored_condition(raw)
+        if self._pods_unlisted() and stored is not None and stored.get("reason") == cond.DEGRADED:
+            # A new leader, before its pod watch has listed: without counts it would say
+            # Scheduled, and Degraded again a moment later (one more Event, two more writes).
+            return PODS_UNLISTED_RETRY
+        now = cond.rfc3339(self.clock())
+        situation = self.situation(raw, outcome)
+        desired = cond.decide(situation, stored, now)
+        self._follow_degraded(key, raw, situation, desired, stored)
+        if desired is None or cond.unchanged(stored, desired):
+            return None
+        wait = self._recount_wait(key, stored, desired)
+        if wait is not None:
+            return wait
+        meta = raw.get("metadata") or {}
+        rv = meta.get("resourceVersion")
+        written = self._written.get(key)
+        if written is not None:
+            if written[0] == rv and self.monotonic() - written[1] < EXPECTATION_TTL:
+                return None  # written: the watch has not brought it back yet (it wakes a pass)
+            del self._written[key]
+        generation = meta.get("generation")
+        condition = cond.condition(
+            desired, stored, generation if isinstance(generation, int) else None, now
+        )
+        try:
+            await self.writer.apply_condition(*key, condition)
+        except ApiException as err:
+            if err.status == 404:
+                return None  # deleted meanwhile
+            if err.status in (403, 422):
+                self._say_refused(key, err)
+                return None  # retried by the next pass it would change; not in a loop
+            raise
+        if isinstance(rv, str):
+            self._written[key] = (rv, self.monotonic())
+        self._last_write[key] = self.monotonic()
+        if self.metrics is not None:
+            self.metrics.status_writes.labels(reason=desired.reason).inc()
+        return None
+
+    def _pods_unlisted(self) -> bool:
+        return self.pods is not None and not self.pods.synced
+
+    def _recount_wait(
+        self, key: Key, stored: Mapping[str, Any] | None, desired: cond.Desired
+    ) -> float | None:
+        """A Degraded gang whose pod count alone changed (pods lost or coming back one by one)
+        is written at most every RECOUNT_AFTER seconds: each write wakes Trainer's worker."""
+        if stored is None or stored.get("reason") != cond.DEGRADED:
+            return None
+        if desired.reason != cond.DEGRADED or stored.get("status") != desired.status:
+            return None
+        last = self._last_write.get(key)
+        left = RECOUNT_AFTER - (self.monotonic() - last) if last is not None else 0.0
+        return left if left > 0 else None
+
+    def reset(self) -> None:
+        """Leadership lost: what this replica remembered is the next leader's to judge (and its
+        gauge no longer counts gangs this replica no longer follows)."""
+        self._written.clear()
+        self._last_write.clear()
+        self.degraded.clear()
+        self._publish()
+
+    def forget(self, key: Key) -> None:
+        """The TrainJob is gone: never degraded."""
+        self._written.pop(key, None)
+        self._last_write.pop(key, None)
+        if self.degraded.pop(key, None):
+            self._publish()
+
+    # --- what is known ---------------------------------------------------------------------------
+
+    def situation(self, raw: Mapping[str, Any], outcome: Outcome) -> cond.Situation:
+        if outcome.lifecycle != "active":
+            return cond.Situation(outcome.lifecycle)
+        if outcome.blocker is not None:
+            return cond.Situation(blocker=outcome.blocker)
+        plan, backend = outcome.plan, outcome.backend
+        if plan is None or backend is None:
+            return cond.Situation(blocker=("GangBackendUnavailable", "no gang backend"))
+        statuses = self._statuses(plan, backend)
+        pods = self.pods
+        jobs = pods.jobs(plan.namespace, plan.trainjob_name) if pods and pods.synced else None
+        gangs = tuple(_gang(g, statuses.get(g.pod_group_name), jobs) for g in plan.groups)
+        return cond.Situation(
+            gangs=gangs,
+            dropped=outcome.dropped,
+            infeasible=self._infeasible(raw, outcome)
+            if not all(g.scheduled for g in gangs)
+            else None,
+        )
+
+    def _statuses(self, plan: Plan, backend: GangBackend) -> dict[str, GangStatus]:
+        found: dict[str, GangStatus] = {}
+        for kind in backend.kinds:
+            for obj in self.cache.owned(kind, plan.trainjob_uid):
+                status = backend.status(kind, obj)
+                name = (obj.get("metadata") or {}).get("name")
+                if status is not None and isinstance(name, str):
+                    found[name] = status
+        return found
+
+    def _infeasible(self, raw: Mapping[str, Any], outcome: Outcome) -> str | None:
+        """Feasibility's message for a gang that can never fit (its judgements are memoised:
+        a dict lookup until a node changes)."""
+        plan, backend, trainjob, runtime = (
+            outcome.plan, outcome.backend, outcome.trainjob, outcome.runtime
+        )  # fmt: skip
+        if plan is None or backend is None or trainjob is None or runtime is None:
+            return None
+        feasibility = self.cache.feasibility
+        if mode_of(runtime.runtime, feasibility.mode)[0] == "off":
+            return None
+        topology = domains_by_node_labels(backend, Context.of(raw))
+        judged = feasibility.plan(plan, runtime.runtime, trainjob, topology=topology)
+        never = next((j for j in judged[0] if not j.fit.fits), None) if judged else None
+        return never.message if never is not None else None
+
+    # --- degraded gangs ------------------------------------------------------------------------
+
+    def _follow_degraded(
+        self,
+        key: Key,
+        raw: Mapping[str, Any],
+        situation: cond.Situation,
+        desired: cond.Desired | None,
+        stored: Mapping[str, Any] | None,
+    ) -> None:
+        before = self.degraded.get(key, frozenset())
+        now: frozenset[str] = frozenset()
+        if desired is not None and desired.reason == cond.DEGRADED:
+            now = frozenset(g.name for g in situation.gangs if g.short())
+        if now == before:
+            return
+        if now:
+            self.degraded[key] = now
+        else:
+            del self.degraded[key]
+        self._publish()
+        restarted = not before and stored is not None and stored.get("reason") == cond.DEGRADED
+        new = now - before
+        if new and not restarted and desired is not None:
+            self.events.record(raw, "Warning", "GangDegraded", "Watch", desired.message)
+            if self.metrics is not None:
+                self.metrics.gang_degradations.labels(namespace=key[0]).inc(len(new))
+        elif not now and desired is not None and desired.reason == cond.SCHEDULED:
+            note = f"every gang holds its minCount of live pods again: {desired.message}"
+            self.events.record(raw, "Normal", "GangRecovered", "Watch", note)
+
+    def _publish(self) -> None:
+        if self.metrics is not None:
+            self.metrics.gangs_degraded.set(sum(len(g) for g in self.degraded.values()))
+
+    def _say_refused(self, key: Key, err: ApiException) -> None:
+        status = int(err.status or 0)
+        level = logging.DEBUG if status in self._refused else logging.WARNING
+        self._refused.add(status)
+        hint = " (the ClusterRole needs patch on trainjobs/status)" if status == 403 else ""
+        log.log(
+            level,
+            "cannot write the GangScheduling condition" + hint,
+            extra={
+                "fields": {
+                    "trainjob": "/".join(key),
+                    "error": (status_message(err) or f"HTTP {status}")[:300],
+                }
+            },
+        )
+
+
+def _gang(
+    group: GroupPlan, status: GangStatus | None, jobs: Mapping[JobKey, JobPods] | None
+) -> cond.Gang:
+    pods = None
+    if jobs is not None:
+        mine = [
+            job
+            for (rj, index), job in jobs.items()
+            if rj in group.replicated_jobs and group.job_index in (None, index)
+        ]
+        pods = cond.Pods(sum(j.live for j in mine), sum(j.succeeded for j in mine))
+    return cond.Gang(
+        name=group.pod_group_name,
+        min_count=group.min_count if group.policy == "gang" else None,
+        exists=status is not None,
+        scheduled=status is not None and status.scheduled,
+        verdict=status.reason if status is not None else "NotEvaluated",
+        scheduler_message=status.message if status is not None else "",
+        pods=pods,
+    )
