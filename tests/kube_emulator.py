@@ -92,6 +92,7 @@ import asyncio
 import base64
 import bisect
 import contextlib
+import contextvars
 import copy
 import datetime
 import functools
@@ -504,6 +505,14 @@ class _Event:
     event: Json
 
 
+_SERVING: contextvars.ContextVar[aiohttp.web.BaseRequest] = contextvars.ContextVar("serving")
+
+
+def serving() -> aiohttp.web.BaseRequest:
+    """The aiohttp request the emulator is answering in this task (in a handler or reaction)."""
+    return _SERVING.get()
+
+
 @attrs.define(kw_only=True)
 class VersionedEmulator(KubernetesEmulator):
     """kmock's emulator with resourceVersions, resumable watches, 410 Gone, watch timeouts and
@@ -518,7 +527,7 @@ class VersionedEmulator(KubernetesEmulator):
     # Set (and replaced) on every change. An Event rather than a Condition: on Python 3.11,
     # wait_for() cancelling Condition.wait() can lose the lock and wedge the watch handler.
     _changed: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)
-    _open_watches: set[kmock.Request] = attrs.field(factory=set, init=False)
+    _open_watches: dict[kmock.Request, asyncio.Transport] = attrs.field(factory=dict, init=False)
     _created: set[kmock.Request] = attrs.field(factory=set, init=False)  # to answer with 201
 
     def __attrs_post_init__(self) -> None:
@@ -554,13 +563,20 @@ class VersionedEmulator(KubernetesEmulator):
     def drop_watches(self) -> int:
         """Cut the TCP connections of all open watches (the client sees a broken stream)."""
         dropped = 0
-        for request in list(self._open_watches):
-            raw = request._raw_request
-            transport = raw.transport if raw is not None else None
-            if transport is not None and not transport.is_closing():
+        for transport in list(self._open_watches.values()):
+            if not transport.is_closing():
                 transport.abort()
                 dropped += 1
         return dropped
+
+    async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        # kmock's public entry point: aiohttp's request, whose connection a watch follows (its
+        # parsed `kmock.Request` keeps it only in a private field), for the handlers below.
+        token = _SERVING.set(raw_request)
+        try:
+            return await super().__call__(raw_request)
+        finally:
+            _SERVING.reset(token)
 
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         # kmock's emulator applies a write here, before any reaction answers it; ours happen in
@@ -665,9 +681,9 @@ class VersionedEmulator(KubernetesEmulator):
                 position = bisect.bisect_right([e.rv for e in self._journal], int(since))
         for event in initial:
             yield event
-        raw = request._raw_request
-        transport = raw.transport if raw is not None else None
-        self._open_watches.add(request)
+        transport = serving().transport
+        if transport is not None:
+            self._open_watches[request] = transport
         try:
             while transport is not None and not transport.is_closing():
                 pending = self._journal[position:]
@@ -687,7 +703,7 @@ class VersionedEmulator(KubernetesEmulator):
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._changed.wait(), wait)
         finally:
-            self._open_watches.discard(request)
+            self._open_watches.pop(request, None)
 
     # --- writes: each checks, then stores under the lock, at the next resourceVersion ---
 
@@ -1243,19 +1259,21 @@ def too_large_event(since: str, current: int, code: int = 504) -> Json:
     return {"type": "ERROR", "object": status_object(code, "Timeout", message, details)}
 
 
-def status(code: int, message: str | None = None, reason: str | None = None) -> ApiError:
+def status(
+    code: int, message: str | None = None, reason: str | None = None, details: Json | None = None
+) -> ApiError:
     """An HTTP error with a Status body, as the API server answers a failed request: for a
     kmock reaction, which raises it, and the emulator answers it as any of its refusals."""
     reason = reason or ("InternalError" if code >= 500 else "Gone")
-    return ApiError(code, reason, message or f"injected {code}")
+    return ApiError(code, reason, message or f"injected {code}", details)
 
 
 async def broken_stream(request: kmock.Request) -> AsyncIterator[bytes]:
     """A watch whose connection breaks after the headers, before any event."""
     yield b""
-    raw = request._raw_request
-    if raw is not None and raw.transport is not None:
-        raw.transport.abort()
+    transport = serving().transport
+    if transport is not None:
+        transport.abort()
 
 
 def next_requests(view: kmock.View, count: int = 1) -> kmock.View:
