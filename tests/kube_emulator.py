@@ -529,6 +529,7 @@ class VersionedEmulator(KubernetesEmulator):
     _changed: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)
     _open_watches: dict[kmock.Request, asyncio.Transport] = attrs.field(factory=dict, init=False)
     _created: set[kmock.Request] = attrs.field(factory=set, init=False)  # to answer with 201
+    _writing: asyncio.Lock = attrs.field(factory=asyncio.Lock, init=False)  # one change at a time
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()  # kmock's fallbacks call the _serve_* methods below
@@ -614,9 +615,9 @@ class VersionedEmulator(KubernetesEmulator):
 
     def _live(self, key: Key) -> Json | None:
         """A copy of the object stored under `key`, if it exists (and is not deleted)."""
-        if key not in self._objects or self._objects[key].deleted:
+        if key not in self.objects or self.objects[key].deleted:
             return None
-        return copy.deepcopy(self._objects[key].raw)
+        return copy.deepcopy(self.objects[key].raw)
 
     def _current(self, request: kmock.Request) -> list[Json]:
         return [
@@ -631,7 +632,7 @@ class VersionedEmulator(KubernetesEmulator):
         resource = self._resource(request)
         self._subresource(request, resource)  # `.../status` reads the whole object
         name = request.name or ""
-        async with self._lock:
+        async with self._writing:
             obj = self._live((resource, request.namespace, name))
         if obj is None:
             raise not_found(resource, name)
@@ -640,7 +641,7 @@ class VersionedEmulator(KubernetesEmulator):
     async def _serve_list(self, request: kmock.Request) -> kmock.Payload:
         resource = self._resource(request)
         selected = _selected(request)
-        async with self._lock:
+        async with self._writing:
             items, rv = [o for o in self._current(request) if selected(o)], self._rv
         items, rv, token, remaining = _page(request, items, rv, self._compacted)
         info = self._info(resource)
@@ -662,7 +663,7 @@ class VersionedEmulator(KubernetesEmulator):
         timeout = request.params.get("timeoutSeconds")
         loop = asyncio.get_running_loop()
         deadline = loop.time() + float(timeout) if timeout else None
-        async with self._lock:
+        async with self._writing:
             if since in ("", "0"):  # "start at most recent": the objects, then the changes
                 initial = [
                     {"type": "ADDED", "object": obj}
@@ -712,11 +713,11 @@ class VersionedEmulator(KubernetesEmulator):
         self._rv += 1
         _meta(obj)["resourceVersion"] = str(self._rv)
         if kind == "DELETED":
-            self._objects[key].delete()
-        elif key in self._objects:
-            self._objects[key].history.append(copy.deepcopy(obj))
+            self.objects[key].delete()
+        elif key in self.objects:
+            self.objects[key].history.append(copy.deepcopy(obj))
         else:
-            self._objects[key] = copy.deepcopy(obj)
+            self.objects[key] = copy.deepcopy(obj)
         event = {"type": kind, "object": copy.deepcopy(obj)}
         self._journal.append(_Event(self._rv, key[0], key[1], event))
         self._changed.set()  # wakes every waiting watch; later waits use a fresh event
@@ -765,7 +766,7 @@ class VersionedEmulator(KubernetesEmulator):
             except ssa.SchemaError as err:
                 raise invalid_object(resource, _kind(resource), name, [_cause(err)]) from None
             meta["managedFields"] = ssa.encode_managers(managers)
-        async with self._lock:
+        async with self._writing:
             if self._live(key) is not None:
                 raise already_exists(resource, name)
             created = await self._commit(key, "ADDED", obj)
@@ -792,7 +793,7 @@ class VersionedEmulator(KubernetesEmulator):
             raise invalid(resource, request.name, f'{_qualified(resource)} "{request.name}" is '
                           f"invalid: {why}")  # fmt: skip
         key = (resource, request.namespace, request.name)
-        async with self._lock:
+        async with self._writing:
             stored = self._live(key)
             if stored is None:
                 raise not_found(resource, request.name)
@@ -816,7 +817,7 @@ class VersionedEmulator(KubernetesEmulator):
         name = request.name or ""
         body = _json_body(request)
         key = (resource, request.namespace, name)
-        async with self._lock:
+        async with self._writing:
             stored = self._live(key)
             if stored is None:
                 raise not_found(resource, name)
@@ -864,7 +865,7 @@ class VersionedEmulator(KubernetesEmulator):
         schema = _schema(resource)
         assert schema is not None  # only custom resources with a CRD take an apply
         key = (resource, request.namespace, name)
-        async with self._lock:
+        async with self._writing:
             stored = self._live(key)
             if stored is None:
                 raise not_found(resource, name)  # an apply that creates: not emulated
@@ -987,7 +988,7 @@ class VersionedEmulator(KubernetesEmulator):
         options = _json_body(request)
         preconditions = options.get("preconditions") if isinstance(options, dict) else None
         key = (resource, request.namespace, name)
-        async with self._lock:
+        async with self._writing:
             stored = self._live(key)
             if stored is None:
                 raise not_found(resource, name)
@@ -1021,7 +1022,7 @@ class VersionedEmulator(KubernetesEmulator):
         """The garbage collector, once the object with `uid` is gone: its dependents go, or, if
         they have another owner that still exists, lose their reference to it."""
         dependents = [
-            key for key, obj in self._objects.items() if not obj.deleted and _owned_by(obj.raw, uid)
+            key for key, obj in self.objects.items() if not obj.deleted and _owned_by(obj.raw, uid)
         ]
         for key in dependents:
             obj = self._live(key)
@@ -1037,7 +1038,7 @@ class VersionedEmulator(KubernetesEmulator):
 
     def _exists(self, uid: Any) -> bool:
         return any(
-            not obj.deleted and _meta(obj.raw).get("uid") == uid for obj in self._objects.values()
+            not obj.deleted and _meta(obj.raw).get("uid") == uid for obj in self.objects.values()
         )
 
 
