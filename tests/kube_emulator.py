@@ -529,7 +529,7 @@ class VersionedEmulator(KubernetesEmulator):
     _changed: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)
     _open_watches: dict[kmock.Request, asyncio.Transport] = attrs.field(factory=dict, init=False)
     _created: set[kmock.Request] = attrs.field(factory=set, init=False)  # to answer with 201
-    _writing: asyncio.Lock = attrs.field(factory=asyncio.Lock, init=False)  # one change at a time
+    _store_lock: asyncio.Lock = attrs.field(factory=asyncio.Lock, init=False)  # read or write
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()  # kmock's fallbacks call the _serve_* methods below
@@ -571,8 +571,8 @@ class VersionedEmulator(KubernetesEmulator):
         return dropped
 
     async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
-        # kmock's public entry point: aiohttp's request, whose connection a watch follows (its
-        # parsed `kmock.Request` keeps it only in a private field), for the handlers below.
+        # aiohttp's request reaches us only here, kmock's public entry point (a `kmock.Request`
+        # keeps it in a private field): `serving()` hands it on, e.g. for a watch's connection.
         token = _SERVING.set(raw_request)
         try:
             return await super().__call__(raw_request)
@@ -632,7 +632,7 @@ class VersionedEmulator(KubernetesEmulator):
         resource = self._resource(request)
         self._subresource(request, resource)  # `.../status` reads the whole object
         name = request.name or ""
-        async with self._writing:
+        async with self._store_lock:
             obj = self._live((resource, request.namespace, name))
         if obj is None:
             raise not_found(resource, name)
@@ -641,7 +641,7 @@ class VersionedEmulator(KubernetesEmulator):
     async def _serve_list(self, request: kmock.Request) -> kmock.Payload:
         resource = self._resource(request)
         selected = _selected(request)
-        async with self._writing:
+        async with self._store_lock:
             items, rv = [o for o in self._current(request) if selected(o)], self._rv
         items, rv, token, remaining = _page(request, items, rv, self._compacted)
         info = self._info(resource)
@@ -663,7 +663,7 @@ class VersionedEmulator(KubernetesEmulator):
         timeout = request.params.get("timeoutSeconds")
         loop = asyncio.get_running_loop()
         deadline = loop.time() + float(timeout) if timeout else None
-        async with self._writing:
+        async with self._store_lock:
             if since in ("", "0"):  # "start at most recent": the objects, then the changes
                 initial = [
                     {"type": "ADDED", "object": obj}
@@ -766,7 +766,7 @@ class VersionedEmulator(KubernetesEmulator):
             except ssa.SchemaError as err:
                 raise invalid_object(resource, _kind(resource), name, [_cause(err)]) from None
             meta["managedFields"] = ssa.encode_managers(managers)
-        async with self._writing:
+        async with self._store_lock:
             if self._live(key) is not None:
                 raise already_exists(resource, name)
             created = await self._commit(key, "ADDED", obj)
@@ -793,7 +793,7 @@ class VersionedEmulator(KubernetesEmulator):
             raise invalid(resource, request.name, f'{_qualified(resource)} "{request.name}" is '
                           f"invalid: {why}")  # fmt: skip
         key = (resource, request.namespace, request.name)
-        async with self._writing:
+        async with self._store_lock:
             stored = self._live(key)
             if stored is None:
                 raise not_found(resource, request.name)
@@ -817,7 +817,7 @@ class VersionedEmulator(KubernetesEmulator):
         name = request.name or ""
         body = _json_body(request)
         key = (resource, request.namespace, name)
-        async with self._writing:
+        async with self._store_lock:
             stored = self._live(key)
             if stored is None:
                 raise not_found(resource, name)
@@ -865,7 +865,7 @@ class VersionedEmulator(KubernetesEmulator):
         schema = _schema(resource)
         assert schema is not None  # only custom resources with a CRD take an apply
         key = (resource, request.namespace, name)
-        async with self._writing:
+        async with self._store_lock:
             stored = self._live(key)
             if stored is None:
                 raise not_found(resource, name)  # an apply that creates: not emulated
@@ -988,7 +988,7 @@ class VersionedEmulator(KubernetesEmulator):
         options = _json_body(request)
         preconditions = options.get("preconditions") if isinstance(options, dict) else None
         key = (resource, request.namespace, name)
-        async with self._writing:
+        async with self._store_lock:
             stored = self._live(key)
             if stored is None:
                 raise not_found(resource, name)
