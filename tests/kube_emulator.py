@@ -92,6 +92,7 @@ import asyncio
 import base64
 import bisect
 import contextlib
+import contextvars
 import copy
 import datetime
 import functools
@@ -504,6 +505,14 @@ class _Event:
     event: Json
 
 
+_SERVING: contextvars.ContextVar[aiohttp.web.BaseRequest] = contextvars.ContextVar("serving")
+
+
+def serving() -> aiohttp.web.BaseRequest:
+    """The aiohttp request the emulator is answering in this task (in a handler or reaction)."""
+    return _SERVING.get()
+
+
 @attrs.define(kw_only=True)
 class VersionedEmulator(KubernetesEmulator):
     """kmock's emulator with resourceVersions, resumable watches, 410 Gone, watch timeouts and
@@ -518,8 +527,9 @@ class VersionedEmulator(KubernetesEmulator):
     # Set (and replaced) on every change. An Event rather than a Condition: on Python 3.11,
     # wait_for() cancelling Condition.wait() can lose the lock and wedge the watch handler.
     _changed: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)
-    _open_watches: set[kmock.Request] = attrs.field(factory=set, init=False)
+    _open_watches: dict[kmock.Request, asyncio.Transport] = attrs.field(factory=dict, init=False)
     _created: set[kmock.Request] = attrs.field(factory=set, init=False)  # to answer with 201
+    _store_lock: asyncio.Lock = attrs.field(factory=asyncio.Lock, init=False)  # read or write
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()  # kmock's fallbacks call the _serve_* methods below
@@ -554,13 +564,20 @@ class VersionedEmulator(KubernetesEmulator):
     def drop_watches(self) -> int:
         """Cut the TCP connections of all open watches (the client sees a broken stream)."""
         dropped = 0
-        for request in list(self._open_watches):
-            raw = request._raw_request
-            transport = raw.transport if raw is not None else None
-            if transport is not None and not transport.is_closing():
+        for transport in list(self._open_watches.values()):
+            if not transport.is_closing():
                 transport.abort()
                 dropped += 1
         return dropped
+
+    async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        # aiohttp's request reaches us only here, kmock's public entry point (a `kmock.Request`
+        # keeps it in a private field): `serving()` hands it on, e.g. for a watch's connection.
+        token = _SERVING.set(raw_request)
+        try:
+            return await super().__call__(raw_request)
+        finally:
+            _SERVING.reset(token)
 
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         # kmock's emulator applies a write here, before any reaction answers it; ours happen in
@@ -598,9 +615,9 @@ class VersionedEmulator(KubernetesEmulator):
 
     def _live(self, key: Key) -> Json | None:
         """A copy of the object stored under `key`, if it exists (and is not deleted)."""
-        if key not in self._objects or self._objects[key].deleted:
+        if key not in self.objects or self.objects[key].deleted:
             return None
-        return copy.deepcopy(self._objects[key].raw)
+        return copy.deepcopy(self.objects[key].raw)
 
     def _current(self, request: kmock.Request) -> list[Json]:
         return [
@@ -615,7 +632,7 @@ class VersionedEmulator(KubernetesEmulator):
         resource = self._resource(request)
         self._subresource(request, resource)  # `.../status` reads the whole object
         name = request.name or ""
-        async with self._lock:
+        async with self._store_lock:
             obj = self._live((resource, request.namespace, name))
         if obj is None:
             raise not_found(resource, name)
@@ -624,7 +641,7 @@ class VersionedEmulator(KubernetesEmulator):
     async def _serve_list(self, request: kmock.Request) -> kmock.Payload:
         resource = self._resource(request)
         selected = _selected(request)
-        async with self._lock:
+        async with self._store_lock:
             items, rv = [o for o in self._current(request) if selected(o)], self._rv
         items, rv, token, remaining = _page(request, items, rv, self._compacted)
         info = self._info(resource)
@@ -646,7 +663,7 @@ class VersionedEmulator(KubernetesEmulator):
         timeout = request.params.get("timeoutSeconds")
         loop = asyncio.get_running_loop()
         deadline = loop.time() + float(timeout) if timeout else None
-        async with self._lock:
+        async with self._store_lock:
             if since in ("", "0"):  # "start at most recent": the objects, then the changes
                 initial = [
                     {"type": "ADDED", "object": obj}
@@ -665,9 +682,9 @@ class VersionedEmulator(KubernetesEmulator):
                 position = bisect.bisect_right([e.rv for e in self._journal], int(since))
         for event in initial:
             yield event
-        raw = request._raw_request
-        transport = raw.transport if raw is not None else None
-        self._open_watches.add(request)
+        transport = serving().transport
+        if transport is not None:
+            self._open_watches[request] = transport
         try:
             while transport is not None and not transport.is_closing():
                 pending = self._journal[position:]
@@ -687,7 +704,7 @@ class VersionedEmulator(KubernetesEmulator):
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._changed.wait(), wait)
         finally:
-            self._open_watches.discard(request)
+            self._open_watches.pop(request, None)
 
     # --- writes: each checks, then stores under the lock, at the next resourceVersion ---
 
@@ -696,11 +713,11 @@ class VersionedEmulator(KubernetesEmulator):
         self._rv += 1
         _meta(obj)["resourceVersion"] = str(self._rv)
         if kind == "DELETED":
-            self._objects[key].delete()
-        elif key in self._objects:
-            self._objects[key].history.append(copy.deepcopy(obj))
+            self.objects[key].delete()
+        elif key in self.objects:
+            self.objects[key].history.append(copy.deepcopy(obj))
         else:
-            self._objects[key] = copy.deepcopy(obj)
+            self.objects[key] = copy.deepcopy(obj)
         event = {"type": kind, "object": copy.deepcopy(obj)}
         self._journal.append(_Event(self._rv, key[0], key[1], event))
         self._changed.set()  # wakes every waiting watch; later waits use a fresh event
@@ -749,7 +766,7 @@ class VersionedEmulator(KubernetesEmulator):
             except ssa.SchemaError as err:
                 raise invalid_object(resource, _kind(resource), name, [_cause(err)]) from None
             meta["managedFields"] = ssa.encode_managers(managers)
-        async with self._lock:
+        async with self._store_lock:
             if self._live(key) is not None:
                 raise already_exists(resource, name)
             created = await self._commit(key, "ADDED", obj)
@@ -776,7 +793,7 @@ class VersionedEmulator(KubernetesEmulator):
             raise invalid(resource, request.name, f'{_qualified(resource)} "{request.name}" is '
                           f"invalid: {why}")  # fmt: skip
         key = (resource, request.namespace, request.name)
-        async with self._lock:
+        async with self._store_lock:
             stored = self._live(key)
             if stored is None:
                 raise not_found(resource, request.name)
@@ -800,7 +817,7 @@ class VersionedEmulator(KubernetesEmulator):
         name = request.name or ""
         body = _json_body(request)
         key = (resource, request.namespace, name)
-        async with self._lock:
+        async with self._store_lock:
             stored = self._live(key)
             if stored is None:
                 raise not_found(resource, name)
@@ -848,7 +865,7 @@ class VersionedEmulator(KubernetesEmulator):
         schema = _schema(resource)
         assert schema is not None  # only custom resources with a CRD take an apply
         key = (resource, request.namespace, name)
-        async with self._lock:
+        async with self._store_lock:
             stored = self._live(key)
             if stored is None:
                 raise not_found(resource, name)  # an apply that creates: not emulated
@@ -971,7 +988,7 @@ class VersionedEmulator(KubernetesEmulator):
         options = _json_body(request)
         preconditions = options.get("preconditions") if isinstance(options, dict) else None
         key = (resource, request.namespace, name)
-        async with self._lock:
+        async with self._store_lock:
             stored = self._live(key)
             if stored is None:
                 raise not_found(resource, name)
@@ -1005,7 +1022,7 @@ class VersionedEmulator(KubernetesEmulator):
         """The garbage collector, once the object with `uid` is gone: its dependents go, or, if
         they have another owner that still exists, lose their reference to it."""
         dependents = [
-            key for key, obj in self._objects.items() if not obj.deleted and _owned_by(obj.raw, uid)
+            key for key, obj in self.objects.items() if not obj.deleted and _owned_by(obj.raw, uid)
         ]
         for key in dependents:
             obj = self._live(key)
@@ -1021,7 +1038,7 @@ class VersionedEmulator(KubernetesEmulator):
 
     def _exists(self, uid: Any) -> bool:
         return any(
-            not obj.deleted and _meta(obj.raw).get("uid") == uid for obj in self._objects.values()
+            not obj.deleted and _meta(obj.raw).get("uid") == uid for obj in self.objects.values()
         )
 
 
@@ -1243,19 +1260,21 @@ def too_large_event(since: str, current: int, code: int = 504) -> Json:
     return {"type": "ERROR", "object": status_object(code, "Timeout", message, details)}
 
 
-def status(code: int, message: str | None = None, reason: str | None = None) -> ApiError:
+def status(
+    code: int, message: str | None = None, reason: str | None = None, details: Json | None = None
+) -> ApiError:
     """An HTTP error with a Status body, as the API server answers a failed request: for a
     kmock reaction, which raises it, and the emulator answers it as any of its refusals."""
     reason = reason or ("InternalError" if code >= 500 else "Gone")
-    return ApiError(code, reason, message or f"injected {code}")
+    return ApiError(code, reason, message or f"injected {code}", details)
 
 
 async def broken_stream(request: kmock.Request) -> AsyncIterator[bytes]:
     """A watch whose connection breaks after the headers, before any event."""
     yield b""
-    raw = request._raw_request
-    if raw is not None and raw.transport is not None:
-        raw.transport.abort()
+    transport = serving().transport
+    if transport is not None:
+        transport.abort()
 
 
 def next_requests(view: kmock.View, count: int = 1) -> kmock.View:

@@ -59,6 +59,7 @@ from tests.kube_emulator import (
     declare_scheduling_resources,
     declare_service_resources,
     declare_trainer_resources,
+    serving,
 )
 
 AUTHENTICATED = "system:authenticated"
@@ -391,8 +392,8 @@ class RbacEmulator(VersionedEmulator):
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         try:
             user = self._authenticate(request)
-            raw = request._raw_request
-            path = raw.path if raw is not None else request.url.path
+            # The path as sent (`request.url` is resolved: its dot segments are gone).
+            path = serving().path
             a = attributes(user, request.method.value, path, dict(request.params))
             if not self._decide(a).allowed:
                 raise _forbidden(a)

@@ -12,7 +12,6 @@ from typing import Any
 
 import orjson
 import pytest
-from kmock._internal.rendering import Response
 
 from tests.builders import Json, runtime, trainjob
 from tests.harness import running_server
@@ -20,10 +19,11 @@ from tests.kube_emulator import (
     CLUSTER_RUNTIMES,
     LIST,
     NODES,
+    ApiError,
     create,
     emulator,
     eventually,
-    status_object,
+    status,
 )
 from tests.nodes import nodes
 from tests.test_backends import TRAINJOB_PATH, cache_with, review
@@ -136,11 +136,8 @@ def test_a_backend_whose_domains_are_not_node_labels_is_judged_over_the_cluster(
             assert any(w.startswith("can never fit") for w in said) is warned, said
 
 
-def forbidden() -> Response:
-    body = status_object(
-        403, "Forbidden", 'nodes is forbidden: User "x" cannot list resource "nodes"'
-    )
-    return Response(status=403, payload=body)
+def forbidden() -> ApiError:
+    return status(403, 'nodes is forbidden: User "x" cannot list resource "nodes"', "Forbidden")
 
 
 @pytest.mark.asyncio

@@ -23,7 +23,6 @@ from typing import Any
 import httpx
 import kmock
 import pytest
-from kmock._internal.rendering import Response
 from kubernetes.aio.client.exceptions import ApiException
 
 from tests.harness import ServerProcess, fixture, make_certs, server_process, webhook_path
@@ -311,7 +310,7 @@ async def test_a_watch_answered_by_an_http_error_without_a_body_backs_off() -> N
 async def test_a_watch_that_ends_at_once_without_events_backs_off() -> None:
     """A server (or proxy) that closes every watch at once with a 200 must not cause a hot loop."""
     async with emulator() as (k, url), api_client(url) as api:
-        k[WATCH, TRAINJOBS] << Response(status=200, payload=b"")
+        k[WATCH, TRAINJOBS] << 200 << b""  # every watch: HTTP 200, empty body
         store, sleep = Store("trainjobs"), FakeSleep()
         informer = Informer(api, kube_client.TRAINJOBS, store, sleep=sleep)
         async with running(informer):
@@ -393,12 +392,13 @@ async def test_a_watch_cache_behind_for_long_is_a_warning_even_in_few_retries(
     of another kind, or a watch that works, starts the count again."""
     caplog.set_level(logging.DEBUG, logger="webhook.informer")
     now = [0.0]
+    too_large = too_large_event("9", 8)["object"]
     faults: list[kmock.Payload] = [
         too_large_event("9", 8),
         too_large_event("9", 8, code=500),  # as the API server sent it through a lossy path
         {"type": "ERROR", "object": status_object(500, "InternalError", "boom")},
         too_large_event("9", 8),
-        Response(status=504, payload=too_large_event("9", 8)["object"]),  # as an HTTP answer
+        status(504, too_large["message"], too_large["reason"], too_large["details"]),  # as HTTP
     ]
     async with emulator() as (k, url), api_client(url) as api:
         for i, fault in enumerate(faults):  # the first five watches, in this order

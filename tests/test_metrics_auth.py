@@ -20,17 +20,16 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import httpx
 import kmock
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
-from kmock._internal.rendering import Response
 
 from tests.harness import free_port, make_certs
-from tests.kube_emulator import api_client, status_object
+from tests.kube_emulator import api_client, status, status_object
 from tests.timing import STALL
 from webhook.metrics.app import MetricsApp, metrics_server
 from webhook.metrics.auth import Authorizer, AuthSettings, bearer_token
@@ -91,8 +90,8 @@ class FakeReviews:
         for review, count in self.failing.items():
             # An error text that quotes the request, token included, as some errors do.
             message = f"etcd timeout storing TokenReview {{token: {GOOD_TOKEN}}}"
-            failure = Response(status=500, payload=status_object(500, "InternalError", message))
-            k[TOKEN_REVIEWS if review == "token" else ACCESS_REVIEWS][0:count] << failure
+            failure = status_object(500, "InternalError", message)
+            k[TOKEN_REVIEWS if review == "token" else ACCESS_REVIEWS][0:count] << 500 << failure
         k[TOKEN_REVIEWS] << self.token_review
         k[ACCESS_REVIEWS] << self.access_review
 
@@ -403,9 +402,9 @@ async def test_api_server_errors_are_503_and_not_cached(
 async def test_api_server_hanging_is_503_within_the_timeout(tmp_path: Path) -> None:
     release = asyncio.Event()
 
-    async def hang(request: kmock.Request) -> Response:
+    async def hang(request: kmock.Request) -> NoReturn:
         await release.wait()
-        return Response(status=500)
+        raise status(500)
 
     async with review_api() as (k, url), api_client(url) as api:
         k[TOKEN_REVIEWS] << hang

@@ -16,11 +16,10 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import kmock
 import pytest
-from kmock._internal.rendering import Response
 from kubernetes.aio.client import ApiClient, Configuration
 
 from tests.harness import fixture, webhook_path
@@ -443,9 +442,9 @@ async def test_server_errors_are_retried_and_nothing_is_duplicated() -> None:
 async def test_conflicts_and_timeouts_are_retried() -> None:
     async with world(writer_timeout=0.3) as w:
 
-        async def slow(request: kmock.Request) -> Any:
+        async def slow(request: kmock.Request) -> NoReturn:
             await asyncio.sleep(2)
-            return Response(status=500, payload={})
+            raise status(500)
 
         next_requests(w.k[CREATE, POD_GROUPS], 1) << slow
         await a_trainjob_with_its_gang(w.k)

@@ -28,7 +28,6 @@ import orjson
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
-from kmock._internal.rendering import Response
 
 from tests.harness import ServerProcess, fixture, fixture_cache, free_port, server_process
 from tests.kube_emulator import (
@@ -44,7 +43,7 @@ from tests.kube_emulator import (
     json_patch,
     kubeconfig,
     next_requests,
-    status_object,
+    status,
 )
 from webhook.kube.informer import Backoff
 from webhook.kube.selfcerts import SelfCertSettings, SelfManagedCerts
@@ -537,14 +536,11 @@ async def test_a_missing_permission_is_one_clear_error_and_not_ready(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="webhook.certs")
-    forbidden = Response(
-        status=403,
-        payload=status_object(
-            403,
-            "Forbidden",
-            f'secrets "{SECRET}" is forbidden: User "system:serviceaccount:{NS}:webhook" '
-            f'cannot get resource "secrets" in API group "" in the namespace "{NS}"',
-        ),
+    forbidden = status(
+        403,
+        f'secrets "{SECRET}" is forbidden: User "system:serviceaccount:{NS}:webhook" '
+        f'cannot get resource "secrets" in API group "" in the namespace "{NS}"',
+        "Forbidden",
     )
     async with emulator() as (k, url):
         await install_configs(k)
@@ -572,8 +568,8 @@ async def test_no_permission_on_a_configuration_is_one_clear_error(
     caplog.set_level(logging.INFO, logger="webhook.certs")
     async with emulator() as (k, url):
         await install_configs(k)
-        forbidden = status_object(403, "Forbidden", "mutatingwebhookconfigurations is forbidden")
-        k[kmock.action.FETCH, MUTATING_CONFIGS] << Response(status=403, payload=forbidden)
+        forbidden = status(403, "mutatingwebhookconfigurations is forbidden", "Forbidden")
+        k[kmock.action.FETCH, MUTATING_CONFIGS] << forbidden
         async with replica(url, tmp_path, "a", Clock()) as a:
             gets = k[kmock.action.FETCH, MUTATING_CONFIGS]
             await eventually(lambda: len(gets) >= 4, "retried")
@@ -668,8 +664,8 @@ async def test_serve_is_ready_once_it_may_and_the_bundle_is_in(
     monkeypatch.setenv("TMPDIR", str(scratch))
     async with emulator() as (k, url):
         gets = k[kmock.action.FETCH, SECRETS]
-        forbidden = status_object(403, "Forbidden", f'secrets "{SECRET}" is forbidden')
-        next_requests(gets, 2) << Response(status=403, payload=forbidden)
+        forbidden = status(403, f'secrets "{SECRET}" is forbidden', "Forbidden")
+        next_requests(gets, 2) << forbidden
         async with serving_self(tmp_path, url) as proc:
             await until_failing(proc, ["certificate", "ca-bundle"])
             await eventually(lambda: len(gets) >= 2, "retried", timeout=15)

@@ -93,7 +93,6 @@ import attrs
 import kmock
 import orjson
 from kmock import Server
-from kmock._internal.rendering import Response  # not exported by kmock 0.8
 
 from tests.bench.children import child_setup
 from tests.harness import fixture
@@ -129,6 +128,11 @@ class FastEmulator(VersionedEmulator):
     """`VersionedEmulator` without kmock's per-request scans (see the module's docstring)."""
 
     served: int = attrs.field(default=0, init=False)
+    # One reaction per handler, made but not added to the emulator's (no filter test, no scan):
+    # kmock renders a handler's answer (a JSON body, a watch's stream) as for its fallbacks.
+    _reactions: dict[Callable[[kmock.Request], Any], kmock.Reaction] = attrs.field(
+        factory=dict, init=False
+    )
 
     def _get_resources(self) -> list[kmock.resource]:
         # The declared ones only (kmock adds those of the stored objects, scanning them all).
@@ -139,7 +143,10 @@ class FastEmulator(VersionedEmulator):
         serve = self._route(request)
         if serve is None:  # discovery and anything else: kmock's own way
             return await super()._handle(request)
-        return await Response(payload=serve)(request)
+        reaction = self._reactions.get(serve)
+        if reaction is None:
+            reaction = self._reactions[serve] = kmock.Reaction(self) << serve
+        return await reaction(request)
 
     def _route(self, request: kmock.Request) -> Callable[[kmock.Request], Any] | None:
         if request.resource is None:
