@@ -79,7 +79,12 @@ def subcommands(root: argparse.ArgumentParser) -> dict[str, argparse.ArgumentPar
 def flags(command: str) -> set[str]:
     """Every option string of one subcommand (for the docs' command checks)."""
     sub = subcommands(parser())[command]
-    return {flag for action in sub._actions for flag in action.option_strings}
+    return {
+        flag
+        for action in sub._actions
+        if not isinstance(action, argparse._HelpAction)
+        for flag in action.option_strings
+    }
 
 
 def _help(action: argparse.Action) -> tuple[str, str]:
@@ -124,12 +129,14 @@ def cli_page() -> str:
                     flag += f" {action.metavar or action.dest.upper()}"
             else:
                 flag = code(action.metavar or action.dest.upper())
-            rows.append([flag, code(env.removeprefix("$")), code(_default(action)),
-                         meaning])  # fmt: skip
+            env = code(env.removeprefix("$"))
+            rows.append([flag, env, code(_default(action)), meaning])
         if name == "serve":
             out.append(table(["Flag", "Environment", "Default", "Meaning"], rows))
         else:
-            out.append(table(["Argument", "Default", "Meaning"], [[r[0], r[2], r[3]] for r in rows]))
+            out.append(
+                table(["Argument", "Default", "Meaning"], [[r[0], r[2], r[3]] for r in rows])
+            )
         out.append("\n")
     return "".join(out)
 
@@ -330,8 +337,7 @@ RBAC_WHY = {
     ("scheduling.volcano.sh", "podgroups"): "Volcano backend",
     ("scheduling.run.ai", "podgroups"): "KAI Scheduler backend",
     ("events.k8s.io", "events"): "Events on TrainJobs",
-    ("authentication.k8s.io", "tokenreviews"): "metrics: the scraper's token "
-    "(`serve.metricsAuth`)",
+    ("authentication.k8s.io", "tokenreviews"): "metrics: the scraper's token (`serve.metricsAuth`)",
     ("authorization.k8s.io", "subjectaccessreviews"): "metrics: the scraper's right to "
     "`get /metrics`",
     ("admissionregistration.k8s.io", "mutatingwebhookconfigurations"): "self-managed "
@@ -519,14 +525,15 @@ def event_reasons() -> dict[str, tuple[str, str]]:
                 continue
             args = [a.value if isinstance(a, ast.Constant) else None for a in node.args]
             where = str(path.relative_to(REPO))
-            if node.func.attr == "record" and len(args) == 5 and args[1] in ("Normal", "Warning"):
-                if isinstance(args[2], str):
-                    found[args[2]] = (str(args[1]), where)
-            elif node.func.attr == "warn" and len(args) == 5 and isinstance(args[2], str):
-                found[args[2]] = ("Warning", where)
-            elif node.func.attr == "add" and len(args) == 4 and isinstance(args[1], str):
-                if isinstance(args[2], str) and args[1][:1].isupper():
-                    found[args[1]] = ("Normal", where)
+            call, reason, kind = node.func.attr, None, "Normal"
+            if call == "record" and len(args) == 5 and args[1] in ("Normal", "Warning"):
+                reason, kind = args[2], str(args[1])
+            elif call == "warn" and len(args) == 5:
+                reason, kind = args[2], "Warning"
+            elif call == "add" and len(args) == 4 and isinstance(args[2], str):
+                reason = args[1]
+            if isinstance(reason, str) and reason[:1].isupper():
+                found[reason] = (kind, where)
     return found
 
 
@@ -591,10 +598,9 @@ def key_constants() -> set[tuple[str, str]]:
             if isinstance(node, ast.Assign | ast.AnnAssign):
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                 for target in targets:
-                    if isinstance(target, ast.Name) and target.id.endswith(
-                        ("_LABEL", "_ANNOTATION")
-                    ):
-                        found.add((module, target.id))
+                    name = target.id if isinstance(target, ast.Name) else "_"
+                    if not name.startswith("_") and name.endswith(("_LABEL", "_ANNOTATION")):
+                        found.add((module, name))
     return found
 
 

@@ -7,7 +7,7 @@ import mkdocs_gen_files
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout, for tests.*
 
-from tests.docs_reference import PAGES  # noqa: E402
+from tests.docs_reference import PAGES
 
 for name, page in PAGES.items():
     with mkdocs_gen_files.open(name, "w") as handle:

@@ -1,0 +1,258 @@
+"""The documentation's examples, run: every runtime and TrainJob in docs/ planned (to the gangs
+its page says, or denied at the field its page shows), every chart values example validated
+against values.schema.json, every local command checked against the Makefile and the CLI's
+parser, every metric named in the docs in the registry; and the generated reference pages
+complete (every Event reason and every label or annotation constant explained).
+
+Markers, an HTML comment on the line before a fenced block:
+  <!-- plan: gangs=basic,8 -->     each PodGroup of the plan, in `plan -o tree` order: its gang
+                                   minCount, or `basic`
+  <!-- plan: valid -->             runtimes alone: planned without an error
+  <!-- expect-error: PATH -->      `plan` exits 1 naming the field PATH
+  <!-- values -->                  chart values: valid against values.schema.json
+  <!-- not-runnable -->            shown, deliberately not run
+A YAML block holding a runtime or TrainJob must carry one of them.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from tests import docs_reference as ref
+from tests.paths import REPO
+from webhook import cli
+
+DOCS = REPO / "docs"
+PAGES = sorted(DOCS.rglob("*.md"))
+PLANNED_KINDS = {"TrainJob", "ClusterTrainingRuntime", "TrainingRuntime"}
+_FENCE = re.compile(
+    r"(?:<!-- (?P<marker>.*?) -->\n)?```(?P<lang>\w*)\n(?P<body>.*?)^```", re.M | re.S
+)
+CLI_PREFIXES = (
+    ["python", "-m", "webhook"],
+    [".venv/bin/python", "-m", "webhook"],
+    ["trainjob-scheduling-webhook"],
+    ["kubectl", "trainjob-scheduling"],
+)
+
+
+@dataclass(frozen=True)
+class Block:
+    page: Path
+    line: int
+    lang: str
+    marker: str
+    body: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.page.relative_to(DOCS)}:{self.line}"
+
+
+def blocks() -> list[Block]:
+    found = []
+    for page in PAGES:
+        text = page.read_text()
+        for m in _FENCE.finditer(text):
+            line = text.count("\n", 0, m.start("lang")) + 1
+            found.append(Block(page, line, m["lang"], m["marker"] or "", m["body"]))
+    return found
+
+
+BLOCKS = blocks()
+YAML = [b for b in BLOCKS if b.lang == "yaml"]
+
+
+def kinds(block: Block) -> set[str]:
+    try:
+        docs = list(yaml.safe_load_all(block.body))
+    except yaml.YAMLError:
+        return set()
+    return {str(d["kind"]) for d in docs if isinstance(d, dict) and "kind" in d}
+
+
+PLANNED = [b for b in YAML if kinds(b) & PLANNED_KINDS]
+
+
+def test_the_docs_have_examples_to_check() -> None:
+    assert len(PLANNED) >= 5 and any(b.marker == "values" for b in YAML)
+
+
+@pytest.mark.parametrize("block", PLANNED, ids=[b.id for b in PLANNED])
+def test_runtime_and_trainjob_examples_plan_as_the_page_says(block: Block, tmp_path: Path) -> None:
+    marker = block.marker
+    assert marker.startswith(("plan:", "expect-error:", "not-runnable")), (
+        f"{block.id}: a runtime or TrainJob example needs a marker (plan: gangs=..., "
+        "plan: valid, expect-error: PATH or not-runnable)"
+    )
+    if marker == "not-runnable":
+        return
+    source = tmp_path / "example.yaml"
+    source.write_text(block.body)
+    out, err = io.StringIO(), io.StringIO()
+    status = cli.plan_command([str(source)], out, err, output="tree")
+    if marker.startswith("expect-error:"):
+        path = marker.removeprefix("expect-error:").strip()
+        assert status == cli.EXIT_INVALID, f"{block.id}: planned without an error"
+        assert f"  * {path}: " in err.getvalue(), err.getvalue()
+        return
+    assert status == 0, err.getvalue()
+    expected = marker.removeprefix("plan:").strip()
+    if expected == "valid":
+        return
+    got = [
+        m[1] or "basic"
+        for m in re.finditer(r"\(PodGroup\) (?:gang minCount (\d+)|basic)", out.getvalue())
+    ]
+    assert f"gangs={','.join(got)}" == expected, out.getvalue()
+
+
+VALUES = [b for b in YAML if b.marker == "values"]
+
+
+@pytest.mark.parametrize("block", VALUES, ids=[b.id for b in VALUES])
+def test_chart_values_examples_are_valid(block: Block) -> None:
+    schema = json.loads((ref.CHART / "values.schema.json").read_text())
+    jsonschema.validate(yaml.safe_load(block.body), schema)
+
+
+# --- commands -----------------------------------------------------------------------------------
+
+
+def make_targets() -> set[str]:
+    text = (REPO / "Makefile").read_text()
+    return set(re.findall(r"^([a-z][\w-]*):", text, re.M))
+
+
+def commands() -> list[tuple[str, str]]:
+    """(where, command) of every local command in the docs' shell blocks: `make`, `python -m
+    webhook` and the installed entry points, one per pipeline stage."""
+    found = []
+    for block in BLOCKS:
+        if block.lang not in ("sh", "console", "bash") or block.marker == "not-runnable":
+            continue
+        for line in block.body.replace("\\\n", " ").splitlines():
+            if block.lang == "console":
+                if not line.startswith("$ "):
+                    continue
+                line = line[2:]
+            for stage in re.split(r"\s(?:\||&&|;)\s", line):
+                try:
+                    words = shlex.split(stage, comments=True)
+                except ValueError:  # not a command line (a heredoc's contents)
+                    continue
+                while words and re.match(r"^[A-Z_]+=", words[0]):
+                    words.pop(0)
+                if words and (words[0] == "make" or _cli_args(words) is not None):
+                    found.append((block.id, stage.strip()))
+    return found
+
+
+def _cli_args(words: list[str]) -> list[str] | None:
+    """The arguments of a command that runs this project's CLI, else None."""
+    for prefix in CLI_PREFIXES:
+        if words[: len(prefix)] == prefix:
+            args = words[len(prefix) :]
+            for i, word in enumerate(args):  # a redirection ends the command
+                if word.startswith((">", "<", "2>")):
+                    return args[:i]
+            return args
+    return None
+
+
+COMMANDS = commands()
+
+
+def test_the_docs_show_local_commands() -> None:
+    shown = {c.split()[0] for _, c in COMMANDS}
+    assert {"make", "python"} <= shown, shown
+
+
+@pytest.mark.parametrize("where, command", COMMANDS, ids=[f"{w} {c}" for w, c in COMMANDS])
+def test_each_local_command_exists(where: str, command: str) -> None:
+    words = shlex.split(command, comments=True)
+    settings = {}
+    while words and re.match(r"^[A-Z_]+=", words[0]):
+        key, _, value = words.pop(0).partition("=")
+        settings[key] = value
+    if words[0] == "make":
+        for word in words[1:]:
+            if "=" in word:
+                key, _, value = word.partition("=")
+                settings[key] = value
+            else:
+                assert word in make_targets(), f"{where}: no make target {word!r}"
+        if "SERVE_ARGS" in settings:
+            _parses(["serve", *shlex.split(settings["SERVE_ARGS"])], where)
+        return
+    args = _cli_args(words)
+    assert args is not None
+    _parses(args, where)
+
+
+def _parses(args: list[str], where: str) -> None:
+    try:
+        ref.parser().parse_args(args)
+    except SystemExit as exc:
+        raise AssertionError(f"{where}: the CLI refuses {args}") from exc
+
+
+# --- names the docs use, and the generated pages' completeness ----------------------------------
+
+_METRIC = re.compile(
+    r"`((?:trainjob_scheduling|controller_runtime|workqueue|certwatcher|leader_election)_\w+)"
+)
+
+
+def test_every_metric_the_docs_name_is_exported() -> None:
+    families = {name for name, *_ in ref.metric_families()}
+    known = families | {f.removesuffix("_total") for f in families}
+    named = {m for page in PAGES for m in _METRIC.findall(page.read_text())}
+    named |= set(_METRIC.findall((ref.CHART / "README.md").read_text()))
+    unknown = sorted(n for n in named if re.sub(r"_(bucket|count|sum)$", "", n) not in known)
+    assert not unknown, f"the docs name metrics the service does not export: {unknown}"
+
+
+def test_every_event_reason_is_explained() -> None:
+    reasons = ref.event_reasons()
+    assert {"Created", "StandingDown", "Conflict"} <= set(reasons)
+    missing = sorted(set(reasons) - set(ref.EVENT_MEANING))
+    assert not missing, f"explain these Event reasons in tests/docs_reference.py: {missing}"
+    stale = sorted(set(ref.EVENT_MEANING) - set(reasons))
+    assert not stale, f"no longer posted, remove from EVENT_MEANING: {stale}"
+
+
+def test_every_label_and_annotation_constant_is_documented() -> None:
+    documented = {(module, name) for module, name, *_ in ref.KEYS}
+    missing = sorted(ref.key_constants() - documented)
+    assert not missing, f"add these to KEYS in tests/docs_reference.py: {missing}"
+
+
+def test_every_rbac_rule_is_explained() -> None:
+    keys = [k for _, _, rule in ref.rbac_rules() for k in ref.rbac_keys(rule)]
+    assert len(keys) > 15
+    assert not [k for k in keys if k not in ref.RBAC_WHY]
+
+
+def test_generated_pages_cover_the_code() -> None:
+    cli_page = ref.cli_page()
+    for command in ("plan", "serve", "explain", "certs"):
+        for flag in ref.flags(command):
+            assert f"`{flag}`" in cli_page, flag
+    values_page = ref.values_page()
+    from tests.chart import leaves
+
+    values = yaml.safe_load((ref.CHART / "values.yaml").read_text())
+    rows = {m for m in re.findall(r"^\| `([^`]+)`", values_page, re.M)}
+    assert not [p for p, _ in leaves(values) if not any(p.startswith(r) for r in rows)]
+    runtime_rows, trainjob_rows = ref.denial_rows()
+    assert len(runtime_rows) >= 50 and len(trainjob_rows) >= 5
