@@ -25,7 +25,7 @@ test: lint typecheck docs unit
 lint: setup
 	$(PY) -m ruff check webhook tests docs
 	$(PY) -m ruff format --check webhook tests docs
-	$(VENV)/bin/codespell --ignore-words .codespell-ignore docs README.md webhook charts/trainjob-scheduling/README.md
+	$(VENV)/bin/codespell --ignore-words .codespell-ignore --skip '*.min.js' docs README.md webhook charts/trainjob-scheduling/README.md
 
 ## docs: the documentation site into site/ (strict: a broken link or a warning fails); the
 ## reference pages are generated from the code (docs/_gen/gen_pages.py)
