@@ -33,7 +33,7 @@ lint: setup
 DOCS_ENV := NO_MKDOCS_2_WARNING=1 DISABLE_MKDOCS_2_WARNING=true
 
 docs: setup
-	$(DOCS_ENV) $(PY) -m mkdocs build --strict --quiet --site-dir site
+	$(DOCS_ENV) $(PY) -m mkdocs build --strict --site-dir site
 
 ## docs-serve: the site on http://127.0.0.1:8000, rebuilt on every change
 docs-serve: setup

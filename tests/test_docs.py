@@ -18,8 +18,12 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import shlex
+import shutil
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -256,3 +260,19 @@ def test_generated_pages_cover_the_code() -> None:
     assert not [p for p, _ in leaves(values) if not any(p.startswith(r) for r in rows)]
     runtime_rows, trainjob_rows = ref.denial_rows()
     assert len(runtime_rows) >= 50 and len(trainjob_rows) >= 5
+
+
+def test_a_broken_link_fails_the_strict_build(tmp_path: Path) -> None:
+    """`make docs` is strict: a link to a missing page or anchor stops the build (so CI fails
+    on it). Built from a copy of docs/ with one broken anchor added."""
+    shutil.copytree(DOCS, tmp_path / "docs")
+    shutil.copy(REPO / "mkdocs.yml", tmp_path / "mkdocs.yml")
+    for name in ("tests", "webhook", "charts"):
+        (tmp_path / name).symlink_to(REPO / name)
+    index = tmp_path / "docs" / "index.md"
+    index.write_text(index.read_text() + "\n[gone](operations.md#no-such-section)\n")
+    build = [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", "site"]
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "DISABLE_MKDOCS_2_WARNING": "true"}
+    done = subprocess.run(build, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert "no-such-section" in done.stderr, done.stderr
