@@ -210,6 +210,26 @@ def _parses(args: list[str], where: str) -> None:
         raise AssertionError(f"{where}: the CLI refuses {args}") from exc
 
 
+# Flags of other programs the docs name in passing: kubectl, helm, kube-apiserver, mkdocs and
+# the benchmarks (tests/bench/*.py, which take their own).
+OTHER_PROGRAMS_FLAGS = {"--api-group", "--help", "--no-hooks", "--runtime-config", "--strict",
+                        "--profile", "--sizes", "--snapshotted"}  # fmt: skip
+
+
+def test_every_flag_the_prose_names_exists() -> None:
+    """A `--flag` in the text (tables included) is one of the CLI's, so a renamed or removed
+    flag cannot linger in the docs."""
+    ours = set().union(*(ref.flags(c) for c in ("plan", "serve", "explain", "certs", "samples")))
+    unknown = {}
+    for page in PAGES:
+        prose = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+        for span in re.findall(r"`([^`\n]+)`", prose):
+            for flag in re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", span):
+                if flag not in ours | OTHER_PROGRAMS_FLAGS:
+                    unknown.setdefault(flag, page.name)
+    assert not unknown, f"flags the CLI does not have: {unknown}"
+
+
 # --- names the docs use, and the generated pages' completeness ----------------------------------
 
 _METRIC = re.compile(
