@@ -122,7 +122,7 @@ def cli_page() -> str:
                 continue
             meaning, env = _help(action)
             if action.choices:
-                meaning += f" (one of: {', '.join(map(str, action.choices))})"
+                meaning = f"{meaning} (one of: {', '.join(map(str, action.choices))})".strip()
             if action.option_strings:
                 flag = ", ".join(code(f) for f in action.option_strings)
                 if action.metavar or action.nargs != 0:

@@ -129,6 +129,44 @@ def test_chart_values_examples_are_valid(block: Block) -> None:
     jsonschema.validate(yaml.safe_load(block.body), schema)
 
 
+def helm_sets() -> list[tuple[str, dict[str, object]]]:
+    """(where, values) of every `helm install`/`helm upgrade` shown with `--set`s, in the docs,
+    the README and the chart's README: the values those `--set`s give, typed as Helm types
+    them (true/false, integers)."""
+    found = []
+    sources = [*PAGES, REPO / "README.md", ref.CHART / "README.md"]
+    for source in sources:
+        text = source.read_text().replace("\\\n", " ")
+        for line in text.splitlines():
+            if not re.match(r"\s*helm (install|upgrade) ", line) or "--set" not in line:
+                continue
+            values: dict[str, object] = {}
+            for assignment in re.findall(r"--set ([^ ]+)", line):
+                key, _, raw = assignment.partition("=")
+                value: object = {"true": True, "false": False}.get(raw, raw)
+                if re.fullmatch(r"-?\d+", raw):
+                    value = int(raw)
+                *parents, leaf = key.split(".")
+                node = values
+                for parent in parents:
+                    node = node.setdefault(parent, {})  # type: ignore[assignment]
+                node[leaf] = value
+            found.append((source.name, values))
+    return found
+
+
+HELM_SETS = helm_sets()
+
+
+@pytest.mark.parametrize("where, values", HELM_SETS, ids=[w for w, _ in HELM_SETS])
+def test_helm_set_values_are_valid(where: str, values: dict[str, object]) -> None:
+    """What a shown `helm install --set ...` would give the chart passes its schema."""
+    from tests.chart import render
+
+    assert len(HELM_SETS) >= 4
+    render(values)  # Helm's own values.schema.json check, and the templates
+
+
 # --- commands -----------------------------------------------------------------------------------
 
 
@@ -220,7 +258,7 @@ def test_every_flag_the_prose_names_exists() -> None:
     """A `--flag` in the text (tables included) is one of the CLI's, so a renamed or removed
     flag cannot linger in the docs."""
     ours = set().union(*(ref.flags(c) for c in ("plan", "serve", "explain", "certs", "samples")))
-    unknown = {}
+    unknown: dict[str, str] = {}
     for page in PAGES:
         prose = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
         for span in re.findall(r"`([^`\n]+)`", prose):
