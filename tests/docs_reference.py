@@ -560,6 +560,12 @@ KEYS: list[tuple[str, str, str, str, str, str]] = [
      "Kueue TAS: a level other than the gang's key is warned of"),
     ("webhook.core.kueue", "PREFERRED", "annotation", "pod template", "read",
      "Kueue TAS: the pod set may spread, which is warned of"),
+    ("webhook.core.kueue", "UNCONSTRAINED", "annotation", "pod template", "read",
+     "Kueue TAS: the pod set may be placed anywhere, which is warned of"),
+    ("webhook.core.kueue", "GROUP", "annotation", "pod template", "read",
+     "Kueue TAS: the ReplicatedJobs of one gang in different pod-set groups are warned of"),
+    ("webhook.core.nodes", "HOSTNAME", "label", "Node", "read (feasibility)",
+     "unique to each node, so not kept in a node's shape; a requirement on it is taken as met"),
     ("webhook.core.lifecycle", "MULTIKUEUE", "`spec.managedBy` value", "TrainJob", "read",
      "runs on a MultiKueue worker cluster: nothing is made here"),
     ("webhook.explain.gather", "KUEUE_JOB_UID", "label", "Kueue Workload", "read (explain)",
@@ -583,6 +589,25 @@ KEYS: list[tuple[str, str, str, str, str, str]] = [
     ("webhook.backends.kai", "LAST_START", "annotation", "KAI PodGroup", "read",
      "KAI: set while the gang runs, so it counts as scheduled"),
 ]  # fmt: skip
+
+# Strings in webhook/ shaped like a label key that name no label or annotation: API versions
+# are left out by their shape; these are a Secret type and taint keys (their own table).
+NOT_LABELS = {"kubernetes.io/tls"}
+
+
+def key_strings() -> dict[str, str]:
+    """Every string literal in webhook/ shaped like a prefixed label key (not an API version),
+    with the module it is in: each must be on the page."""
+    shape = re.compile(r"^[a-z0-9]([a-z0-9.-]*[a-z0-9])?\.[a-z]{2,}/[A-Za-z0-9][A-Za-z0-9._-]*$")
+    version = re.compile(r"/v\d+((alpha|beta)\d+)?$")
+    found: dict[str, str] = {}
+    for path in sorted((REPO / "webhook").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            text = node.value if isinstance(node, ast.Constant) else None
+            if isinstance(text, str) and shape.match(text) and not version.search(text):
+                found.setdefault(text, str(path.relative_to(REPO)))
+    return found
+
 
 JOBSET_LABELS = ("jobset.sigs.k8s.io/jobset-name", "jobset.sigs.k8s.io/replicatedjob-name",
                  "jobset.sigs.k8s.io/job-index")  # fmt: skip
@@ -615,6 +640,15 @@ def metadata_page() -> str:
         assert label in Path(plan.__file__).read_text(), label
         rows.append([code(label), "label", "pod", "read",
                      "JobSet's: the pod's group is computed from these alone"])  # fmt: skip
+    from webhook.core import nodes
+
+    taint_rows = [[code(nodes.UNSCHEDULABLE_TAINT), "a cordoned node (`spec.unschedulable`) keeps "
+                   "the pod off unless the pod tolerates it (`NoSchedule`)"]]  # fmt: skip
+    taint_rows += [
+        [code(key), "set by the node lifecycle controller while a condition lasts: left out, "
+         "like current usage (the node passes)"]
+        for key in sorted(nodes.TRANSIENT_TAINTS)
+    ]  # fmt: skip
     events = event_reasons()
     missing = sorted(set(events) - set(EVENT_MEANING))
     event_rows = [
@@ -628,6 +662,10 @@ def metadata_page() -> str:
         + "## Labels and annotations\n\nEvery label and annotation the service reads or writes "
         "(the value is the constant's in the code).\n\n"
         + table(["Key", "Kind", "On", "Read or written", "Meaning"], rows)
+        + "\n## Node taints\n\nFeasibility judges a node as kube-scheduler's filters would "
+        "judge it empty: `NoSchedule` and `NoExecute` taints the pod does not tolerate keep it "
+        "off (`PreferNoSchedule` never does), except these:\n\n"
+        + table(["Taint key", "How feasibility reads it"], taint_rows)
         + "\n## Events\n\n`events.k8s.io/v1` Events on the TrainJob, `reportingController: "
         "trainjob-scheduling`, found in the reconciler's source. Best effort: posted from a "
         "bounded queue (1,000) by four senders, never in the way of a pass; the same Event is "

@@ -299,6 +299,15 @@ def test_every_label_and_annotation_constant_is_documented() -> None:
     assert not missing, f"add these to KEYS in tests/docs_reference.py: {missing}"
 
 
+def test_every_label_key_in_the_code_is_on_the_metadata_page() -> None:
+    """Any string in webhook/ shaped like a label key is a label, annotation or taint the page
+    shows (or a known other thing), so a new one cannot go undocumented."""
+    page = ref.metadata_page()
+    missing = {k: where for k, where in ref.key_strings().items()
+               if f"`{k}`" not in page and k not in ref.NOT_LABELS}  # fmt: skip
+    assert not missing, f"document these in tests/docs_reference.py (KEYS): {missing}"
+
+
 def test_every_rbac_rule_is_explained() -> None:
     keys = [k for _, _, rule in ref.rbac_rules() for k in ref.rbac_keys(rule)]
     assert len(keys) > 15
