@@ -10,6 +10,9 @@ Markers, an HTML comment on the line before a fenced block:
   <!-- plan: valid -->             runtimes alone: planned without an error
   <!-- expect-error: PATH -->      `plan` exits 1 naming the field PATH
   <!-- values -->                  chart values: valid against values.schema.json
+  <!-- output -->                  a console session: each `$ python -m webhook ...` run, its
+                                   output (stdout and stderr) exactly the lines shown, and
+                                   `$ echo $?` its exit status
   <!-- not-runnable -->            shown, deliberately not run
 A YAML block holding a runtime or TrainJob must carry one of them.
 """
@@ -165,6 +168,27 @@ def test_helm_set_values_are_valid(where: str, values: dict[str, object]) -> Non
 
     assert len(HELM_SETS) >= 4
     render(values)  # Helm's own values.schema.json check, and the templates
+
+
+OUTPUTS = [b for b in BLOCKS if b.marker == "output"]
+
+
+@pytest.mark.parametrize("block", OUTPUTS, ids=[b.id for b in OUTPUTS])
+def test_console_sessions_print_what_the_page_shows(block: Block) -> None:
+    assert block.lang == "console" and block.body.startswith("$ ")
+    status = None
+    for session in re.split(r"^\$ ", block.body, flags=re.M)[1:]:
+        command, _, shown = session.partition("\n")
+        if command == "echo $?":
+            assert f"{status}\n" == shown, f"{block.id}: exit status {status}"
+            continue
+        args = _cli_args(shlex.split(command))
+        assert args is not None, f"{block.id}: only the CLI's commands are run: {command}"
+        run = [sys.executable, "-m", "webhook", *args]
+        out, err = subprocess.PIPE, subprocess.STDOUT  # as a terminal shows them: interleaved
+        done = subprocess.run(run, cwd=REPO, timeout=60, text=True, stdout=out, stderr=err)
+        status = done.returncode
+        assert done.stdout == shown, f"{block.id}: `{command}` prints otherwise"
 
 
 # --- commands -----------------------------------------------------------------------------------
