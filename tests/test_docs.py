@@ -292,6 +292,31 @@ def test_every_flag_the_prose_names_exists() -> None:
     assert not unknown, f"flags the CLI does not have: {unknown}"
 
 
+def test_the_flag_table_in_words_has_the_parsers_defaults() -> None:
+    """concepts/admission.md says more about each `serve` flag than its help text; its Default
+    column must still be the parser's (sizes in KiB/MiB, "all" for an empty list)."""
+    serve = ref.subcommands(ref.parser())["serve"]
+    defaults = {f: str(a.default) for a in serve._actions for f in a.option_strings}
+    units = {"KiB": 1024, "MiB": 1024 * 1024}
+    rows = 0
+    for line in (DOCS / "concepts" / "admission.md").read_text().splitlines():
+        row = re.match(r"^\| (`--[^|]*) \| ([^|]*) \|", line)
+        if not row:
+            continue
+        rows += 1
+        flags = re.findall(r"`(--[a-z-]+)`", row[1])
+        shown = []
+        for text in (part.strip().strip("`") for part in row[2].split(", ")):
+            number, _, unit = text.partition(" ")
+            shown.append(str(int(number) * units[unit]) if unit in units else text)
+        if len(flags) == 1:
+            shown = [",".join(shown)]
+        shown = ["" if text == "all" else text for text in shown]
+        expected = [defaults[f] for f in flags]
+        assert shown == expected, f"{flags}: the table says {shown}, the parser {expected}"
+    assert rows >= 40
+
+
 # --- names the docs use, and the generated pages' completeness ----------------------------------
 
 _METRIC = re.compile(
