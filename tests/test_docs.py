@@ -333,6 +333,24 @@ def test_every_metric_the_docs_name_is_exported() -> None:
     assert not unknown, f"the docs name metrics the service does not export: {unknown}"
 
 
+def test_the_metric_table_in_words_has_the_registrys_labels() -> None:
+    """tasks/metrics.md says more about each metric than its help text; its Labels column must
+    still be the registry's."""
+    labels = {name: set(found) for name, _, found, _ in ref.metric_families()}
+    rows = 0
+    for line in (DOCS / "tasks" / "metrics.md").read_text().splitlines():
+        row = re.match(r"^\| (`[a-z_]+`(?:, `[a-z_]+`)*) \| ([^|]*) \|", line)
+        if not row:
+            continue
+        rows += 1
+        shown = {re.sub(r" \(.*\)$", "", x.strip()) for x in row[2].split(",") if x.strip()}
+        for name in re.findall(r"`([a-z_]+)`", row[1]):
+            assert labels[name] == shown, (
+                f"{name}: the table says {shown}, the registry {labels[name]}"
+            )
+    assert rows >= 15
+
+
 def test_every_event_reason_is_explained() -> None:
     reasons = ref.event_reasons()
     assert {"Created", "StandingDown", "Conflict"} <= set(reasons)
