@@ -351,6 +351,20 @@ def test_the_metric_table_in_words_has_the_registrys_labels() -> None:
     assert rows >= 15
 
 
+def test_every_alert_has_what_to_do() -> None:
+    """Each alert the chart's PrometheusRule fires has a row in Act on an alert's "What to do",
+    and the docs name no alert the chart does not have."""
+    from tests.chart import render
+
+    rule = render({"monitoring": {"prometheusRule": {"enabled": True}}}).one("PrometheusRule")
+    alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r}
+    page = (DOCS / "tasks" / "alerts.md").read_text()
+    todo = page[page.index("## What to do") :]
+    assert alerts <= set(re.findall(r"^\| (TrainJobScheduling\w+) \|", todo, re.M))
+    named = {a for p in PAGES for a in re.findall(r"\bTrainJobScheduling[A-Z]\w+", p.read_text())}
+    assert named <= alerts, f"not alerts of the chart: {named - alerts}"
+
+
 def test_every_event_reason_is_explained() -> None:
     reasons = ref.event_reasons()
     assert {"Created", "StandingDown", "Conflict"} <= set(reasons)
