@@ -348,6 +348,9 @@ RBAC_WHY = {
     ("", "secrets"): "self-managed certificates: the certificate Secret (`get`, `watch`, "
     "`update` by name; `create`)",
     ("", "/metrics"): "scrapers bound to `<name>-metrics-reader`",
+    ("trainer.kubeflow.org", "trainjobs/status"): "the `GangScheduling` condition (server-side "
+    "apply on the status subresource; [TrainJob status](status.md))",
+    ("", "pods"): "gang health: JobSet's pods, counted per Job (never read or written one by one)",
 }
 
 
@@ -379,7 +382,7 @@ def rbac_page() -> str:
             what + (f" (only {', '.join(rule['resourceNames'])})" if "resourceNames" in rule
                     else ""),
             ", ".join(rule["verbs"]),
-            "; ".join(dict.fromkeys(RBAC_WHY[k] for k in keys)),
+            "; ".join(dict.fromkeys(RBAC_WHY.get(k, "(not described yet)") for k in keys)),
         ])  # fmt: skip
     return (
         "# RBAC\n\n"
@@ -511,6 +514,9 @@ EVENT_MEANING = {
     "GangBackendUnavailable": "the backend's CRDs are not served (yet)",
     "GangKindUnavailable": "a tree without CompositePodGroups served, or on a backend "
     "without trees",
+    "GangDegraded": "an admitted gang has fewer live pods than its minCount "
+    "([TrainJob status](status.md))",
+    "GangRecovered": "a degraded gang is whole again",
 }
 
 

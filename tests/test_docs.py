@@ -274,7 +274,7 @@ def _parses(args: list[str], where: str) -> None:
 
 # Flags of other programs the docs name in passing: kubectl, helm, kube-apiserver, mkdocs and
 # the benchmarks (tests/bench/*.py, which take their own).
-OTHER_PROGRAMS_FLAGS = {"--api-group", "--help", "--no-hooks", "--runtime-config", "--strict",
+OTHER_PROGRAMS_FLAGS = {"--api-group", "--for", "--help", "--no-hooks", "--runtime-config", "--strict",
                         "--profile", "--sizes", "--snapshotted"}  # fmt: skip
 
 
@@ -287,7 +287,7 @@ def test_every_flag_the_prose_names_exists() -> None:
         prose = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
         for span in re.findall(r"`([^`\n]+)`", prose):
             for flag in re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", span):
-                if flag not in ours | OTHER_PROGRAMS_FLAGS:
+                if flag not in ours | OTHER_PROGRAMS_FLAGS | AWAITING_MERGE["flags"]:
                     unknown.setdefault(flag, page.name)
     assert not unknown, f"flags the CLI does not have: {unknown}"
 
@@ -305,6 +305,8 @@ def test_the_flag_table_in_words_has_the_parsers_defaults() -> None:
             continue
         rows += 1
         flags = re.findall(r"`(--[a-z-]+)`", row[1])
+        if set(flags) & AWAITING_MERGE["flags"]:
+            continue
         shown = []
         for text in (part.strip().strip("`") for part in row[2].split(", ")):
             number, _, unit = text.partition(" ")
@@ -319,6 +321,39 @@ def test_the_flag_table_in_words_has_the_parsers_defaults() -> None:
 
 # --- names the docs use, and the generated pages' completeness ----------------------------------
 
+# Names the docs already describe that other branches of this round add (the coordinator merges
+# them): known to the checks until they land. Once one is in the code,
+# test_nothing_awaits_a_merge_that_happened fails: delete it here.
+AWAITING_MERGE = {
+    "flags": {"--connection-max-requests", "--connection-max-age"},
+    "metrics": {
+        "trainjob_scheduling_gangs_degraded",
+        "trainjob_scheduling_gang_degradations_total",
+        "trainjob_scheduling_status_writes_total",
+    },
+    "alerts": {"TrainJobSchedulingGangDegraded"},
+    "events": {"GangDegraded", "GangRecovered"},
+}
+
+
+def chart_alerts() -> set[str]:
+    from tests.chart import render
+
+    rule = render({"monitoring": {"prometheusRule": {"enabled": True}}}).one("PrometheusRule")
+    return {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r}
+
+
+def test_nothing_awaits_a_merge_that_happened() -> None:
+    flags = set().union(*(ref.flags(c) for c in ("plan", "serve", "explain", "certs", "samples")))
+    landed = {
+        "flags": AWAITING_MERGE["flags"] & flags,
+        "metrics": AWAITING_MERGE["metrics"] & {n for n, *_ in ref.metric_families()},
+        "alerts": AWAITING_MERGE["alerts"] & chart_alerts(),
+        "events": AWAITING_MERGE["events"] & set(ref.event_reasons()),
+    }
+    assert not any(landed.values()), f"merged: remove from AWAITING_MERGE {landed}"
+
+
 _METRIC = re.compile(
     r"`((?:trainjob_scheduling|controller_runtime|workqueue|certwatcher|leader_election)_\w+)"
 )
@@ -326,6 +361,7 @@ _METRIC = re.compile(
 
 def test_every_metric_the_docs_name_is_exported() -> None:
     families = {name for name, *_ in ref.metric_families()}
+    families |= AWAITING_MERGE["metrics"]
     known = families | {f.removesuffix("_total") for f in families}
     named = {m for page in PAGES for m in _METRIC.findall(page.read_text())}
     named |= set(_METRIC.findall((ref.CHART / "README.md").read_text()))
@@ -354,15 +390,12 @@ def test_the_metric_table_in_words_has_the_registrys_labels() -> None:
 def test_every_alert_has_what_to_do() -> None:
     """Each alert the chart's PrometheusRule fires has a row in Act on an alert's "What to do",
     and the docs name no alert the chart does not have."""
-    from tests.chart import render
-
-    rule = render({"monitoring": {"prometheusRule": {"enabled": True}}}).one("PrometheusRule")
-    alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r}
+    alerts = chart_alerts()
     page = (DOCS / "tasks" / "alerts.md").read_text()
     todo = page[page.index("## What to do") :]
     assert alerts <= set(re.findall(r"^\| (TrainJobScheduling\w+) \|", todo, re.M))
     named = {a for p in PAGES for a in re.findall(r"\bTrainJobScheduling[A-Z]\w+", p.read_text())}
-    assert named <= alerts, f"not alerts of the chart: {named - alerts}"
+    assert named <= alerts | AWAITING_MERGE["alerts"], f"not the chart's: {named - alerts}"
 
 
 def test_every_event_reason_is_explained() -> None:
@@ -370,7 +403,7 @@ def test_every_event_reason_is_explained() -> None:
     assert {"Created", "StandingDown", "Conflict"} <= set(reasons)
     missing = sorted(set(reasons) - set(ref.EVENT_MEANING))
     assert not missing, f"explain these Event reasons in tests/docs_reference.py: {missing}"
-    stale = sorted(set(ref.EVENT_MEANING) - set(reasons))
+    stale = sorted(set(ref.EVENT_MEANING) - set(reasons) - AWAITING_MERGE["events"])
     assert not stale, f"no longer posted, remove from EVENT_MEANING: {stale}"
 
 
