@@ -112,7 +112,10 @@ def cli_page() -> str:
         "the kubectl plugin `kubectl trainjob-scheduling <command>` is the same program). "
         "`serve` takes each option from its flag, else the environment variable shown, else "
         "the `--config` YAML file (keys are the flag names without `--`), else the default; a "
-        "bad value from any source stops it with one `error:` line and exit status 2.\n\n",
+        "bad value from any source stops it with one `error:` line and exit status 2. `--help` and "
+        "usage errors name the command as it was started: `trainjob-scheduling-webhook` (the "
+        "console script, the image's entrypoint), `python -m webhook`, or `kubectl "
+        "trainjob-scheduling` (the kubectl plugin).\n\n",
     ]
     for name, sub in subcommands(root).items():
         out.append(f"## `{name}`\n\n{sub.description or ''}\n\n")
