@@ -47,6 +47,12 @@ def code(text: object) -> str:
     return f"`{text}`" if str(text) != "" else ""
 
 
+def wrapping_code(text: str) -> str:
+    """A long identifier as inline code that may wrap after its `_` and `.`, not mid-word."""
+    broken = text.replace("_", "_<wbr>").replace(".", ".<wbr>")
+    return f"<code>{broken}</code>"
+
+
 def table(head: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows]
@@ -161,7 +167,7 @@ def value_rows(schema: Json, values: Any, prefix: str = "") -> Iterator[list[str
               if k in schema]  # fmt: skip
     shown = json.dumps(values) if values is not None else ""
     yield [
-        code(prefix),
+        wrapping_code(prefix),
         cell(kind if isinstance(kind, str) else " or ".join(kind)) + (
             f" ({', '.join(limits)})" if limits else ""),
         code(shown),
@@ -250,7 +256,9 @@ def _touch(wrapper: Any) -> None:
 def metrics_page() -> str:
     families = metric_families()
     ours = [f for f in families if not f[0].startswith(("process_", "python_"))]
-    rows = [[code(n), t, ", ".join(code(x) for x in labels), h] for n, t, labels, h in ours]
+    rows = [
+        [wrapping_code(n), t, ", ".join(code(x) for x in labels), h] for n, t, labels, h in ours
+    ]
     runtime = sorted(n for n, *_ in families if n.startswith(("process_", "python_")))
     return (
         "# Metrics\n\n"
