@@ -48,15 +48,20 @@ def code(text: object) -> str:
 
 
 def wrapping_code(text: str) -> str:
-    """A long identifier as inline code that may wrap after its `_` and `.`, not mid-word."""
-    broken = text.replace("_", "_<wbr>").replace(".", ".<wbr>")
+    """A long identifier as inline code that may wrap after its `_`, `.`, `-` and `[`, not
+    mid-word."""
+    broken = text
+    for mark in ("_", ".", "-", "["):
+        broken = broken.replace(mark, f"{mark}<wbr>")
     return f"<code>{broken}</code>"
 
 
 def table(head: list[str], rows: list[list[str]]) -> str:
+    """A markdown table in a block the site's stylesheet wraps as a reference table."""
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines) + "\n"
+    body = "\n".join(lines)
+    return f'<div class="reference-table" markdown>\n\n{body}\n\n</div>\n'
 
 
 # --- the command line ---------------------------------------------------------------------------
@@ -447,13 +452,13 @@ def denial_rows() -> tuple[list[list[str]], list[list[str]]]:
         match = [e for e in errors if e.path == rule.path and e.type is rule.type]
         assert match, f"rule {rule.id}: its invalid example is not denied at {rule.path}"
         err = match[0]
-        runtime_rows.append([code(rule.id), code(err.path), err.type.wording, err.body])
+        runtime_rows.append([wrapping_code(rule.id), wrapping_code(err.path), err.body])
     trainjob_rows = []
     for title, run in _trainjob_cases():
         errors = run().errors
         assert errors, f"TrainJob rule {title!r}: its example is not denied"
         err = errors[0]
-        trainjob_rows.append([title, code(err.path), err.type.wording, err.body])
+        trainjob_rows.append([title, wrapping_code(err.path), err.body])
     return runtime_rows, trainjob_rows
 
 
@@ -462,7 +467,7 @@ def denials_page() -> str:
     from webhook.core.fields import MAX_CLAIMS, MAX_TOPOLOGY
 
     runtime_rows, trainjob_rows = denial_rows()
-    head = ["Rule", "Field path", "Type", "Message (for the example)"]
+    head = ["Rule", "Field path", "Message (for the example)"]
     bounds = [
         ["nesting of a runtime or TrainJob", f"{limits.MAX_DEPTH} levels"],
         ["`spec.template.spec.replicatedJobs`", str(limits.MAX_REPLICATED_JOBS)],
