@@ -48,10 +48,10 @@ def code(text: object) -> str:
 
 
 def wrapping_code(text: str) -> str:
-    """A long identifier as inline code that may wrap after its `_`, `.`, `-` and `[`, not
-    mid-word."""
+    """A long identifier as inline code that may wrap after its `_`, `.`, `-`, `[` and `,`,
+    not mid-word."""
     broken = text
-    for mark in ("_", ".", "-", "["):
+    for mark in ("_", ".", "-", "[", ","):
         broken = broken.replace(mark, f"{mark}<wbr>")
     return f"<code>{broken}</code>"
 
@@ -138,13 +138,14 @@ def cli_page() -> str:
             if action.choices:
                 meaning = f"{meaning} (one of: {', '.join(map(str, action.choices))})".strip()
             if action.option_strings:
-                flag = ", ".join(code(f) for f in action.option_strings)
-                if action.metavar or action.nargs != 0:
+                flag = ", ".join(wrapping_code(f) for f in action.option_strings)
+                if not env and (action.metavar or action.nargs != 0):  # serve's: see Environment
                     flag += f" {action.metavar or action.dest.upper()}"
             else:
                 flag = code(action.metavar or action.dest.upper())
-            env = code(env.removeprefix("$"))
-            rows.append([flag, env, code(_default(action)), meaning])
+            env = wrapping_code(env.removeprefix("$")) if env else ""
+            default = _default(action)
+            rows.append([flag, env, wrapping_code(default) if default else "", meaning])
         if name == "serve":
             out.append(table(["Flag", "Environment", "Default", "Meaning"], rows))
         else:
