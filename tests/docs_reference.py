@@ -322,7 +322,7 @@ def webhooks_page() -> str:
                 code(path),
                 f"{', '.join(rule['resources'])} {', '.join(rule['operations'])}",
                 hook["failurePolicy"],
-                WEBHOOK_PURPOSE[path],
+                WEBHOOK_PURPOSE.get(path, "(not described yet)"),
             ])  # fmt: skip
     return (
         "# Webhooks\n\n"

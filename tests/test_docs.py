@@ -422,6 +422,13 @@ def test_every_label_key_in_the_code_is_on_the_metadata_page() -> None:
     assert not missing, f"document these in tests/docs_reference.py (KEYS): {missing}"
 
 
+def test_every_webhook_is_explained() -> None:
+    from webhook.admission.routes import WEBHOOKS
+
+    assert {w.path for w in WEBHOOKS} == set(ref.WEBHOOK_PURPOSE)
+    assert "not described yet" not in ref.webhooks_page()
+
+
 def test_every_rbac_rule_is_explained() -> None:
     keys = [k for _, _, rule in ref.rbac_rules() for k in ref.rbac_keys(rule)]
     assert len(keys) > 15
