@@ -7,26 +7,41 @@ SAMPLES := webhook/samples
 CERT_DIR ?= certs
 SERVE_ARGS ?=
 
-.PHONY: setup test lint format typecheck unit run certs plan bench prometheus image clean
+.PHONY: setup test lint format typecheck unit docs docs-serve run certs plan bench prometheus image clean
 
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[test,docs]'
 	touch $@
 
-## test: everything CI runs: lint, format check, type check, the whole pytest suite
-test: lint typecheck unit
+## test: everything CI runs: lint, format check, type check, the docs site, the pytest suite
+test: lint typecheck docs unit
 
+## lint: ruff, and codespell over the docs, the README and the code (.codespell-ignore: words
+## that are meant)
 lint: setup
-	$(PY) -m ruff check webhook tests
-	$(PY) -m ruff format --check webhook tests
+	$(PY) -m ruff check webhook tests docs
+	$(PY) -m ruff format --check webhook tests docs
+	$(VENV)/bin/codespell --ignore-words .codespell-ignore --skip '*.min.js' docs README.md webhook charts/trainjob-scheduling/README.md
+
+## docs: the documentation site into site/ (strict: a broken link or a warning fails); the
+## reference pages are generated from the code (docs/_gen/gen_pages.py)
+# The theme and mkdocs-gen-files print a banner about MkDocs 2 on every build; these silence it.
+DOCS_ENV := NO_MKDOCS_2_WARNING=1 DISABLE_MKDOCS_2_WARNING=true
+
+docs: setup
+	$(DOCS_ENV) $(PY) -m mkdocs build --strict --site-dir site
+
+## docs-serve: the site on http://127.0.0.1:8000, rebuilt on every change
+docs-serve: setup
+	$(DOCS_ENV) $(PY) -m mkdocs serve --strict --dev-addr 127.0.0.1:8000
 
 format: setup
-	$(PY) -m ruff format webhook tests
-	$(PY) -m ruff check --fix webhook tests
+	$(PY) -m ruff format webhook tests docs
+	$(PY) -m ruff check --fix webhook tests docs
 
 typecheck: setup
 	$(PY) -m mypy
@@ -91,4 +106,4 @@ image:
 	$(ENGINE) build --build-arg VERSION=$(VERSION) --build-arg SOURCE=$(SOURCE) -t $(IMAGE):$(TAG) .
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis *.egg-info
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis *.egg-info site
