@@ -365,9 +365,12 @@ RBAC_WHY = {
     ("", "secrets"): "self-managed certificates: the certificate Secret (`get`, `watch`, "
     "`update` by name; `create`)",
     ("", "/metrics"): "scrapers bound to `<name>-metrics-reader`",
-    ("trainer.kubeflow.org", "trainjobs/status"): "the `GangScheduling` condition (server-side "
-    "apply on the status subresource; [TrainJob status](status.md))",
-    ("", "pods"): "gang health: JobSet's pods, counted per Job (never read or written one by one)",
+    ("trainer.kubeflow.org", "trainjobs/status"): "the `GangScheduling` condition: a "
+    "server-side apply on the status subresource is a PATCH, and the TrainJob is read from the "
+    "watch, so `patch` alone. Without it the service runs on and writes no condition (a 403, "
+    "logged once) ([TrainJob status](status.md))",
+    ("", "pods"): "gang health after admission: a watch of pods with JobSet's label, counted "
+    "per Job, so a gang that lost pods is said `Degraded`; never read or written one by one",
 }
 
 
@@ -510,6 +513,38 @@ def denials_page() -> str:
     )
 
 
+# --- the TrainJob's condition -------------------------------------------------------------------
+
+STATUS_SOURCE = REPO / "docs" / "reference" / "status.md"
+REASONS_MARKER = "<!-- generated: the reasons of webhook.core.condition.REASONS -->"
+
+
+def condition_reasons_table() -> str:
+    """The `GangScheduling` reasons (core/condition.py REASONS) and the Event reasons each one
+    comes from (FROM_EVENT)."""
+    from webhook.core.condition import FROM_EVENT, REASONS
+
+    rows = [[code(reason), code(doc.status), doc.meaning, doc.todo]
+            for reason, doc in REASONS.items()]  # fmt: skip
+    sources: dict[str, list[str]] = {}
+    for event, reason in FROM_EVENT.items():
+        sources.setdefault(reason, []).append(code(event))
+    mapping = "; ".join(f"{', '.join(events)} → {code(reason)}"
+                        for reason, events in sources.items())  # fmt: skip
+    return (
+        table(["Reason", "Status", "Meaning", "What to do"], rows)
+        + "\nThe reconciler's Warning Events become these reasons (the Event is still posted, "
+        f"[Events](metadata.md#events)): {mapping}.\n"
+    )
+
+
+def status_page() -> str:
+    """docs/reference/status.md with its reasons table filled in from the code."""
+    text = STATUS_SOURCE.read_text()
+    assert REASONS_MARKER in text, f"{STATUS_SOURCE} lost its marker {REASONS_MARKER}"
+    return text.replace(REASONS_MARKER, GENERATED + condition_reasons_table())
+
+
 # --- Events, labels and annotations -------------------------------------------------------------
 
 EVENT_MEANING = {
@@ -539,20 +574,25 @@ EVENT_MEANING = {
 
 def event_reasons() -> dict[str, tuple[str, str]]:
     """reason -> (type, module) of every Event the code posts with a literal reason: calls of
-    `record(obj, type, reason, action, note)`, `warn(events, obj, reason, ...)` (Warning) and
+    `record(obj, type, reason, action, note)`, `warn(events, obj, reason, ...)` and the
+    reconciler's `_blocked(changes, events, obj, reason, note[, action])` (Warning), and
     `add(obj, reason, action, what)` (Normal, one Event per pass)."""
     found: dict[str, tuple[str, str]] = {}
     for path in sorted((REPO / "webhook").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            if not isinstance(node, ast.Call):
                 continue
+            func = node.func
+            call = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
             args = [a.value if isinstance(a, ast.Constant) else None for a in node.args]
             where = str(path.relative_to(REPO))
-            call, reason, kind = node.func.attr, None, "Normal"
+            reason, kind = None, "Normal"
             if call == "record" and len(args) == 5 and args[1] in ("Normal", "Warning"):
                 reason, kind = args[2], str(args[1])
             elif call == "warn" and len(args) == 5:
                 reason, kind = args[2], "Warning"
+            elif call == "_blocked" and len(args) in (5, 6):
+                reason, kind = args[3], "Warning"
             elif call == "add" and len(args) == 4 and isinstance(args[2], str):
                 reason = args[1]
             if isinstance(reason, str) and reason[:1].isupper():
@@ -709,6 +749,7 @@ PAGES: dict[str, Callable[[], str]] = {
     "reference/rbac.md": rbac_page,
     "reference/denials.md": denials_page,
     "reference/metadata.md": metadata_page,
+    "reference/status.md": status_page,
 }
 
 

@@ -287,7 +287,7 @@ def test_every_flag_the_prose_names_exists() -> None:
         prose = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
         for span in re.findall(r"`([^`\n]+)`", prose):
             for flag in re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", span):
-                if flag not in ours | OTHER_PROGRAMS_FLAGS | AWAITING_MERGE["flags"]:
+                if flag not in ours | OTHER_PROGRAMS_FLAGS:
                     unknown.setdefault(flag, page.name)
     assert not unknown, f"flags the CLI does not have: {unknown}"
 
@@ -305,8 +305,6 @@ def test_the_flag_table_in_words_has_the_parsers_defaults() -> None:
             continue
         rows += 1
         flags = re.findall(r"`(--[a-z-]+)`", row[1])
-        if set(flags) & AWAITING_MERGE["flags"]:
-            continue
         shown = []
         for text in (part.strip().strip("`") for part in row[2].split(", ")):
             number, _, unit = text.partition(" ")
@@ -321,37 +319,11 @@ def test_the_flag_table_in_words_has_the_parsers_defaults() -> None:
 
 # --- names the docs use, and the generated pages' completeness ----------------------------------
 
-# Names the docs already describe that other branches of this round add (the coordinator merges
-# them): known to the checks until they land. Once one is in the code,
-# test_nothing_awaits_a_merge_that_happened fails: delete it here.
-AWAITING_MERGE = {
-    "flags": {"--connection-max-requests", "--connection-max-age"},
-    "metrics": {
-        "trainjob_scheduling_gangs_degraded",
-        "trainjob_scheduling_gang_degradations_total",
-        "trainjob_scheduling_status_writes_total",
-    },
-    "alerts": {"TrainJobSchedulingGangDegraded"},
-    "events": {"GangDegraded", "GangRecovered"},
-}
-
-
 def chart_alerts() -> set[str]:
     from tests.chart import render
 
     rule = render({"monitoring": {"prometheusRule": {"enabled": True}}}).one("PrometheusRule")
     return {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r}
-
-
-def test_nothing_awaits_a_merge_that_happened() -> None:
-    flags = set().union(*(ref.flags(c) for c in ("plan", "serve", "explain", "certs", "samples")))
-    landed = {
-        "flags": AWAITING_MERGE["flags"] & flags,
-        "metrics": AWAITING_MERGE["metrics"] & {n for n, *_ in ref.metric_families()},
-        "alerts": AWAITING_MERGE["alerts"] & chart_alerts(),
-        "events": AWAITING_MERGE["events"] & set(ref.event_reasons()),
-    }
-    assert not any(landed.values()), f"merged: remove from AWAITING_MERGE {landed}"
 
 
 _METRIC = re.compile(
@@ -361,7 +333,6 @@ _METRIC = re.compile(
 
 def test_every_metric_the_docs_name_is_exported() -> None:
     families = {name for name, *_ in ref.metric_families()}
-    families |= AWAITING_MERGE["metrics"]
     known = families | {f.removesuffix("_total") for f in families}
     named = {m for page in PAGES for m in _METRIC.findall(page.read_text())}
     named |= set(_METRIC.findall((ref.CHART / "README.md").read_text()))
@@ -395,7 +366,7 @@ def test_every_alert_has_what_to_do() -> None:
     todo = page[page.index("## What to do") :]
     assert alerts <= set(re.findall(r"^\| (TrainJobScheduling\w+) \|", todo, re.M))
     named = {a for p in PAGES for a in re.findall(r"\bTrainJobScheduling[A-Z]\w+", p.read_text())}
-    assert named <= alerts | AWAITING_MERGE["alerts"], f"not the chart's: {named - alerts}"
+    assert named <= alerts, f"not the chart's: {named - alerts}"
 
 
 def test_every_event_reason_is_explained() -> None:
@@ -403,8 +374,20 @@ def test_every_event_reason_is_explained() -> None:
     assert {"Created", "StandingDown", "Conflict"} <= set(reasons)
     missing = sorted(set(reasons) - set(ref.EVENT_MEANING))
     assert not missing, f"explain these Event reasons in tests/docs_reference.py: {missing}"
-    stale = sorted(set(ref.EVENT_MEANING) - set(reasons) - AWAITING_MERGE["events"])
+    stale = sorted(set(ref.EVENT_MEANING) - set(reasons))
     assert not stale, f"no longer posted, remove from EVENT_MEANING: {stale}"
+
+
+def test_the_status_page_has_every_condition_reason() -> None:
+    """The reasons table of reference/status.md is the code's REASONS, and every Event reason the
+    condition is made from is one the gathering above found (so it cannot miss a way of
+    posting one)."""
+    from webhook.core.condition import FROM_EVENT, REASONS
+
+    page = ref.status_page()
+    for reason, doc in REASONS.items():
+        assert f"| `{reason}` | `{doc.status}` | {ref.cell(doc.meaning)} |" in page, reason
+    assert set(FROM_EVENT) <= set(ref.event_reasons())
 
 
 def test_every_label_and_annotation_constant_is_documented() -> None:
