@@ -319,6 +319,7 @@ def test_the_flag_table_in_words_has_the_parsers_defaults() -> None:
 
 # --- names the docs use, and the generated pages' completeness ----------------------------------
 
+
 def chart_alerts() -> set[str]:
     from tests.chart import render
 
