@@ -517,6 +517,7 @@ def denials_page() -> str:
 
 STATUS_SOURCE = REPO / "docs" / "reference" / "status.md"
 REASONS_MARKER = "<!-- generated: the reasons of webhook.core.condition.REASONS -->"
+REASONS_END = "<!-- end generated -->"
 
 
 def condition_reasons_table() -> str:
@@ -541,8 +542,10 @@ def condition_reasons_table() -> str:
 def status_page() -> str:
     """docs/reference/status.md with its reasons table filled in from the code."""
     text = STATUS_SOURCE.read_text()
-    assert REASONS_MARKER in text, f"{STATUS_SOURCE} lost its marker {REASONS_MARKER}"
-    return text.replace(REASONS_MARKER, GENERATED + condition_reasons_table())
+    before, found, rest = text.partition(REASONS_MARKER)
+    _, ended, after = rest.partition(REASONS_END)
+    assert found and ended, f"{STATUS_SOURCE} lost its markers {REASONS_MARKER} {REASONS_END}"
+    return before + GENERATED + condition_reasons_table() + after
 
 
 # --- Events, labels and annotations -------------------------------------------------------------
