@@ -6,8 +6,10 @@ metrics from the service's own registry, the webhooks and the RBAC from the char
 Helm engine renders it, the denials by running the validation rules of tests/test_validation.py
 (and the TrainJob rules below) through the validation code, the limits from core/limits.py, the
 Event reasons from the reconciler's source, the labels and annotations from the constants that
-name them. What the code cannot say (what an Event reason or an RBAC rule is for) is written
-here beside it, and `tests/test_docs.py` fails when the code has one this file does not explain.
+name them, the `GangScheduling` condition's reasons from core/condition.py (filled into the
+hand-written docs/reference/status.md between its markers). What the code cannot say (what an
+Event reason or an RBAC rule is for) is written here beside it, and `tests/test_docs.py` fails
+when the code has one this file does not explain.
 
 docs/_gen/gen_pages.py writes `PAGES` into the site (mkdocs-gen-files); `python -m
 tests.docs_reference DIR` writes them to a folder, to read them without mkdocs.
