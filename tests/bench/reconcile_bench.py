@@ -41,7 +41,8 @@ process's CPU time and memory are its own. Measured in the reconciler process:
 - ceiling: once all that is measured, N Workload + PodGroup pairs like the reconciler's created
   straight through the same writer and client, `--workers` at a time, the informers watching,
   until the stores hold them; the reconciler's TrainJobs/s against these pairs/s is the ratio
-  (goal 0.8x); each process's CPU per write (emulator) or per TrainJob and pair (reconciler)
+  (a figure: issue 21 withdrew the 0.8x goal; pods through a real API server are what users
+  feel); each process's CPU per write (emulator) or per TrainJob and pair (reconciler)
   in the first pass and in the ceiling, and the "bound": the ratio each would allow if it ran a
   full core through the whole first pass (the ceiling's seconds over its CPU seconds);
 - CPU: each process's CPU seconds over the first pass, as a share of the wall time (100% is one
@@ -1010,13 +1011,10 @@ def ratio(a: float, b: float) -> str:
     return f"x{b / a:.1f}" if a > 0 else "x?"
 
 
-TARGET_CEILING = 0.8  # TrainJobs/s at least 0.8x the pairs/s of direct creates
-
-
 def print_ceiling(results: list[Json]) -> None:
     print(
         f"{'N':>14} {'TrainJobs/s':>11} {'ceiling pairs/s':>15} {'ratio':>6} "
-        f"{'writes/TJ':>9} {'Events/TJ':>9}   target: ratio >= {TARGET_CEILING}x"
+        f"{'writes/TJ':>9} {'Events/TJ':>9}"
     )
     for r in results:
         if r["qps"] < UNLIMITED_QPS:
@@ -1024,10 +1022,9 @@ def print_ceiling(results: list[Json]) -> None:
         rate, ceiling = r["n"] / r["seconds"], r["n"] / r["ceiling_seconds"]
         writes = sum(v for k, v in r["writes"].items() if not k.startswith("failed"))
         events = r["events_recorded"] / r["n"]
-        met = "met" if rate / ceiling >= TARGET_CEILING else "NOT met"
         print(
             f"{row_label(r):>14} {rate:>11,.0f} {ceiling:>15,.0f} {rate / ceiling:>5.2f}x "
-            f"{writes / r['n'] + events:>9.2f} {events:>9.2f}   {met}"
+            f"{writes / r['n'] + events:>9.2f} {events:>9.2f}"
         )
     print(
         "TrainJobs/s: N / seconds (above); ceiling: the same Workload + PodGroup pairs created "
