@@ -547,6 +547,27 @@ def test_a_1_mib_header_section_is_431_and_others_are_answered(target: Target) -
     assert post(target.client, POD_PATH, fixture(POD_REVIEW)).status == 200
 
 
+@pytest.mark.parametrize("upgrade", [b"foo", b"websocket", b"h2c"])
+def test_an_upgrade_is_refused_and_its_connection_closed(target: Target, upgrade: bytes) -> None:
+    # Past an Upgrade header no parser reads the bytes that follow, so no deadline would watch
+    # them: a client trickling bytes behind one held its connection for ever.
+    sock = tls_connect(target.served)
+    sock.sendall(
+        b"POST /mutate--v1-pod HTTP/1.1\r\nhost: localhost\r\nconnection: upgrade\r\n"
+        b"upgrade: %b\r\ncontent-length: 100000\r\n\r\n{" % upgrade
+    )
+    answer = read_head(sock, STALL)
+    assert answer.startswith(b"HTTP/1.1 400 "), answer[:200]
+    assert b"connection: close" in answer.lower()
+    closed = False
+    with contextlib.suppress(ConnectionError, ssl.SSLError, OSError):
+        sock.sendall(b"{")  # a trickle after the answer is not read
+    closed = closed_within(sock, STALL)
+    assert closed
+    sock.close()
+    assert post(target.client, POD_PATH, fixture(POD_REVIEW)).status == 200
+
+
 def test_a_head_request_is_answered_and_keeps_pipelined_answers_in_order(target: Target) -> None:
     """uvicorn writes no body for HEAD: the answer's head goes out at once, and the answer to a
     request pipelined behind it follows it."""

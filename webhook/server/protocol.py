@@ -60,6 +60,7 @@ def _response(status: bytes, message: str) -> bytes:
 
 REQUEST_TIMEOUT = _response(b"408 Request Timeout", "request headers not received in time")
 HEADERS_TOO_LARGE = _response(b"431 Request Header Fields Too Large", "request headers too large")
+UPGRADE_NOT_SERVED = _response(b"400 Bad Request", "protocol upgrade not served")
 
 
 @dataclass(frozen=True)
@@ -157,11 +158,17 @@ class Guard(asyncio.Protocol):
         if self.parser is not None:
             try:
                 self.parser.feed_data(data)
-            except (httptools.HttpParserError, httptools.HttpParserUpgrade):
-                # uvicorn's protocol meets the same bytes and answers (400, or an upgrade it
-                # does not serve): nothing more to watch on this connection.
+            except httptools.HttpParserError:
+                # uvicorn's protocol meets the same bytes, answers 400 and closes.
                 self.parser = None
                 self._disarm()
+            except httptools.HttpParserUpgrade:
+                # No endpoint serves an upgrade, and past one neither parser reads the bytes
+                # that follow: the deadlines would no longer watch the connection (uvicorn
+                # keeps it, and logs every chunk). Refused before uvicorn sees it.
+                self.parser = None
+                self._refuse(400, UPGRADE_NOT_SERVED, "upgrade requested")
+                return
         # Counted: chunks that began and ended within one header section (one that opens after
         # a body in the same chunk is counted from its next chunk on).
         if self._receiving and not in_body and self._headers_done == done:
