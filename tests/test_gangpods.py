@@ -100,3 +100,50 @@ def test_a_trimmed_pod_keeps_nothing_of_the_pod() -> None:
     big["spec"]["containers"] = [{"name": "x" * 1000}]
     trimmed = GangPods().trim(big)
     assert set(trimmed) == {"job", "state"} and "x" * 10 not in repr(trimmed)
+
+
+def test_a_relabelled_pod_leaves_the_job_it_counted_in() -> None:
+    pods, heard = GangPods(), []
+    pods.subscribe(lambda ns, name: heard.append((ns, name)))
+    pods.apply("ADDED", pod("a"))
+    pods.apply("MODIFIED", pod("a", index="1"))  # its job-index label edited
+    assert counts(pods) == {("node", 1): [0, 1, 0, 0]} and len(pods) == 1
+    pods.apply("MODIFIED", pod("a", jobset="other", index="1"))
+    assert counts(pods) == {} and counts(pods, "ns", "other") == {("node", 1): [0, 1, 0, 0]}
+    assert heard[-2:] == [("ns", "job"), ("ns", "other")]  # both JobSets' live counts changed
+    for bad in ("x", "1" * 11):  # edited to what no Job is: counted nowhere
+        pods.apply("MODIFIED", pod("a", index=bad))
+        assert counts(pods, "ns", "other") == {} and len(pods) == 0
+        pods.apply("MODIFIED", pod("a"))
+    assert counts(pods) == {("node", 0): [0, 1, 0, 0]} and len(pods) == 1
+
+
+def test_a_pod_that_leaves_the_selector_is_forgotten() -> None:
+    """Its JobSet label removed: the watch says DELETED, with the object as it is now."""
+    pods = GangPods()
+    pods.apply("ADDED", pod("a"))
+    pods.apply("ADDED", pod("b"))
+    gone = pod("a")
+    del gone["metadata"]["labels"][JOBSET_NAME]
+    pods.apply("DELETED", gone)
+    assert counts(pods) == {("node", 0): [0, 1, 0, 0]} and len(pods) == 1
+
+
+def test_pods_of_the_same_name_in_two_namespaces_are_two_pods() -> None:
+    pods = GangPods()
+    pods.apply("ADDED", pod("a"))
+    pods.apply("ADDED", pod("a", ns="other"))
+    pods.apply("MODIFIED", pod("a", ns="other", index="1"))
+    assert counts(pods) == {("node", 0): [0, 1, 0, 0]}
+    assert counts(pods, "other") == {("node", 1): [0, 1, 0, 0]} and len(pods) == 2
+
+
+def test_a_list_forgets_where_the_pods_it_replaces_were() -> None:
+    pods = GangPods()
+    pods.apply("ADDED", pod("a"))
+    pods.replace([pods.trim(pod("a", index="2"))], "ns")
+    pods.apply("MODIFIED", pod("a", index="3"))
+    assert counts(pods) == {("node", 3): [0, 1, 0, 0]} and len(pods) == 1
+    pods.replace([])
+    pods.apply("DELETED", pod("a", index="3"))
+    assert counts(pods) == {} and len(pods) == 0

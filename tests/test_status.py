@@ -16,6 +16,8 @@ import kmock
 import pytest
 from kubernetes.aio.client import ApiClient, Configuration
 
+from tests.builders import parsed, runtime, torch_node
+from tests.builders import trainjob as builders_trainjob
 from tests.kube_emulator import (
     CLUSTER_RUNTIMES,
     NODES,
@@ -46,17 +48,17 @@ from tests.test_reconciler import (
 )
 from webhook.backends.native import COMPOSITE
 from webhook.core import condition as cond
-from webhook.core.plan import JOB_INDEX, JOBSET_NAME, REPLICATED_JOB_NAME
+from webhook.core.plan import JOB_INDEX, JOBSET_NAME, REPLICATED_JOB_NAME, build_plan
 from webhook.kube.cache import Cache
 from webhook.kube.client import backend_informers, informers, node_informer, pod_informers
 from webhook.kube.events import EventRecorder
-from webhook.kube.gangpods import GangPods
+from webhook.kube.gangpods import GangPods, JobKey, JobPods
 from webhook.kube.leader import LeaderElector, LeaseSettings
 from webhook.kube.writer import ApiWriter
 from webhook.metrics.registry import Metrics
 from webhook.reconcile import status as status_module
 from webhook.reconcile.reconciler import CONTROLLER, Reconciler, ReconcilerSettings
-from webhook.reconcile.status import StatusWriter
+from webhook.reconcile.status import Outcome, StatusWriter
 
 pytestmark = pytest.mark.asyncio
 NUM_NODES = 4  # the TrainJob's numNodes: one gang of 4 pods
@@ -534,3 +536,108 @@ async def test_a_new_leader_keeps_degraded_until_its_pod_watch_has_listed() -> N
             assert len(events(k, "GangDegraded")) == 1
         finally:
             await second.stop()
+
+
+async def a_degraded_trainjob_then_a_leader_without_pods(k: VersionedEmulator, url: str) -> None:
+    """A Degraded TrainJob, and its first leader gone; the pods may not be listed from now on
+    (a ClusterRole without pods: the service runs on without their counts)."""
+    first = Service(k, url, identity="first")
+    try:
+        group = await with_its_gang(first)
+        for i in range(NUM_NODES):
+            await create(k, PODS, pod(i))
+        await scheduler_says(first, group, "True", "Scheduled", "")
+        await condition_is(k, cond.SCHEDULED, "True")
+        await delete(k, PODS, NS, f"{NAME}-node-0-3-x")
+        await condition_is(k, cond.DEGRADED)
+    finally:
+        await first.stop()
+    forbidden = status(403, 'pods is forbidden: cannot list resource "pods"', "Forbidden")
+    next_requests(k[kmock.method.GET, PODS], 100_000) << forbidden
+
+
+def counting_passes(s: Service) -> list[float]:
+    """When each of the status writer's passes ran."""
+    passes: list[float] = []
+    sync = s.status.sync
+
+    async def counted(key: tuple[str, str], outcome: Outcome | None) -> float | None:
+        passes.append(time.monotonic())
+        return await sync(key, outcome)
+
+    s.status.sync = counted  # type: ignore[method-assign]
+    return passes
+
+
+async def test_a_degraded_trainjob_suspended_is_said_suspended_without_pod_counts() -> None:
+    async with emulator() as (k, url):
+        await a_degraded_trainjob_then_a_leader_without_pods(k, url)
+        second = Service(k, url, identity="second")
+        try:
+            await patch(k, TRAINJOBS, NS, NAME, {"spec": {"suspend": True}})
+            await condition_is(k, cond.SUSPENDED)
+            assert not second.pods.synced
+        finally:
+            await second.stop()
+
+
+async def test_a_pod_watch_that_never_lists_holds_degraded_back_a_bounded_while(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(status_module, "PODS_UNLISTED_RETRY", 0.01)  # 0.63 s of waits in all
+    async with emulator() as (k, url):
+        await a_degraded_trainjob_then_a_leader_without_pods(k, url)
+        second = Service(k, url, identity="second")
+        passes = counting_passes(second)
+        try:
+            # The pods unknown at last: the gang's object says Scheduled, so does the condition.
+            await condition_is(k, cond.SCHEDULED, "True")
+            await settled(second)
+            before = len(passes)
+            await asyncio.sleep(1.0)
+            assert len(passes) - before <= 1  # no pass in a loop (one more, from its own write)
+            waits = status_module.PODS_UNLISTED_TRIES + 3  # the waits, the write, its echo
+            assert len(passes) <= waits and not second.pods.synced
+        finally:
+            await second.stop()
+
+
+async def test_a_situation_walks_the_jobs_once_whatever_the_groups() -> None:
+    """Job keys come from pod labels anyone who makes pods sets: their walk is not per group."""
+    rt, tj = parsed(
+        runtime(
+            torch_node(replicas=3),
+            scheduling={
+                "replicatedJobs": [
+                    {"targetReplicatedJobs": ["node"], "job": {"schedulingPolicy": {"gang": {}}}}
+                ]
+            },
+        ),
+        builders_trainjob(num_nodes=2),
+    )
+    plan = build_plan(tj, rt)
+    assert plan is not None and len(plan.groups) == 3
+    walks = 0
+
+    class Jobs(dict[JobKey, JobPods]):
+        def items(self) -> Any:
+            nonlocal walks
+            walks += 1
+            return super().items()
+
+    pods = GangPods()
+    pods.synced = True
+    for name, rj, index in [("a", "node", "0"), ("b", "node", "0"), ("c", "node", "2"),
+                            ("d", "node", "7"), ("e", "forged", "0")]:  # fmt: skip
+        labels = {JOBSET_NAME: plan.trainjob_name, REPLICATED_JOB_NAME: rj, JOB_INDEX: index}
+        meta = {"name": name, "namespace": plan.namespace, "labels": labels}
+        pods.apply("ADDED", {"metadata": meta, "spec": {"nodeName": "n"}})
+    jobs = Jobs(pods.jobs(plan.namespace, plan.trainjob_name))
+    pods.jobs = lambda namespace, jobset: jobs  # type: ignore[method-assign]
+    cache = Cache(connected=True)
+    nowhere: Any = None
+    writer = StatusWriter(cache, nowhere, nowhere, pods)
+    backend = cache.backends.named("native")
+    situation = writer.situation({}, Outcome(plan=plan, backend=backend))
+    assert walks == 1
+    assert [g.pods for g in situation.gangs] == [cond.Pods(2, 0), cond.Pods(0, 0), cond.Pods(1, 0)]

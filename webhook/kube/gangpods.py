@@ -3,8 +3,9 @@ health after admission is judged from (`reconcile/status.py`).
 
 No pod is kept: each watch event is reduced to its Job (namespace, JobSet, ReplicatedJob, Job
 index, from the labels JobSet puts on every pod) and a state (pending, live, succeeded, lost),
-then dropped. Per Job: four counts and, per pod, the hash of its name and its state (a later
-event must know what the pod counted as before). Work per event is a few dict operations;
+then dropped. Per Job: four counts and, per pod, the hash of its namespace and name and its
+state (a later event must know what the pod counted as before); per pod, its Job (a pod whose
+labels are edited must leave the Job it counted in). Work per event is a few dict operations;
 listeners hear (namespace, JobSet name) when a Job's live or succeeded count changed, and
 coalesce what they do with it (the reconciler's work queue holds each TrainJob once).
 """
@@ -26,13 +27,15 @@ Changed = Callable[[str, str], None]
 
 
 class JobPods:
-    """One Job's pods: counts by state, and each pod's state by the hash of its name."""
+    """One Job's pods: counts by state, and each pod's state by its hash (`pod_of`)."""
 
-    __slots__ = ("counts", "states")
+    __slots__ = ("counts", "key", "states", "trainjob")
 
-    def __init__(self) -> None:
+    def __init__(self, trainjob: TrainJobKey, key: JobKey) -> None:
         self.counts = [0, 0, 0, 0]  # PENDING, LIVE, SUCCEEDED, LOST
         self.states: dict[int, int] = {}
+        self.trainjob = trainjob
+        self.key = key
 
     @property
     def live(self) -> int:
@@ -70,9 +73,20 @@ def state_of(raw: Mapping[str, Any]) -> int:
     return LIVE if bound else PENDING
 
 
+def pod_of(raw: Mapping[str, Any]) -> int | None:
+    """The hash of a pod's namespace and name: what it is known by, whatever its labels say."""
+    meta = raw.get("metadata")
+    if not isinstance(meta, dict):
+        return None
+    namespace, name = meta.get("namespace"), meta.get("name")
+    if not isinstance(namespace, str) or not isinstance(name, str):
+        return None
+    return hash((namespace, name))
+
+
 def job_of(raw: Mapping[str, Any]) -> tuple[TrainJobKey, JobKey, int] | None:
-    """(its TrainJob, its Job, the hash of its name) from a pod's labels; None for a pod that
-    JobSet did not make."""
+    """(its TrainJob, its Job, `pod_of`) from a pod's labels; None for a pod that JobSet did not
+    make."""
     meta = raw.get("metadata")
     if not isinstance(meta, dict):
         return None
@@ -88,7 +102,7 @@ def job_of(raw: Mapping[str, Any]) -> tuple[TrainJobKey, JobKey, int] | None:
         return None
     if not (index.isascii() and index.isdigit() and len(index) <= 10):
         return None
-    return (namespace, jobset), (rj, int(index)), hash(name)
+    return (namespace, jobset), (rj, int(index)), hash((namespace, name))
 
 
 class GangPods:
@@ -101,6 +115,7 @@ class GangPods:
         self.watched: tuple[str, ...] | None = None  # namespaces listed one by one, if so
         self._listed: set[str | None] = set()
         self._jobs: dict[TrainJobKey, dict[JobKey, JobPods]] = {}
+        self._where: dict[int, JobPods] = {}  # each counted pod's Job
         self._listeners: list[Changed] = []
         self._pods = 0
 
@@ -124,7 +139,10 @@ class GangPods:
         every JobSet whose counts were or are now known is told."""
         touched: set[TrainJobKey] = set()
         for key in [k for k in self._jobs if namespace is None or k[0] == namespace]:
-            self._pods -= sum(len(job.states) for job in self._jobs.pop(key).values())
+            for job in self._jobs.pop(key).values():
+                self._pods -= len(job.states)
+                for pod in job.states:
+                    del self._where[pod]
             touched.add(key)
         for item in items:
             found = item.get("job")
@@ -138,30 +156,46 @@ class GangPods:
 
     def apply(self, event: EventType, raw: dict[str, Any]) -> None:
         found = job_of(raw)
-        if found is None:
-            return
-        if self._set(found, None if event == "DELETED" else state_of(raw)):
+        pod = found[2] if found is not None else pod_of(raw)
+        if pod is not None:
+            self._leave(pod, found)
+        if found is not None and self._set(found, None if event == "DELETED" else state_of(raw)):
             self._tell(found[0])
+
+    def _leave(self, pod: int, found: tuple[TrainJobKey, JobKey, int] | None) -> None:
+        """A pod whose labels were edited (or that left the watch's selector) leaves the Job it
+        counted in."""
+        before = self._where.get(pod)
+        if before is None or (found is not None and (before.trainjob, before.key) == found[:2]):
+            return
+        if self._set_in(before, pod, None):
+            self._tell(before.trainjob)
 
     def _set(self, found: tuple[TrainJobKey, JobKey, int], state: int | None) -> bool:
         trainjob, job_key, pod = found
         jobs = self._jobs.get(trainjob)
-        if jobs is None:
-            if state is None:
-                return False
-            jobs = self._jobs[trainjob] = {}
-        job = jobs.get(job_key)
+        job = jobs.get(job_key) if jobs is not None else None
         if job is None:
             if state is None:
                 return False
-            job = jobs[job_key] = JobPods()
+            if jobs is None:
+                jobs = self._jobs[trainjob] = {}
+            job = jobs[job_key] = JobPods(trainjob, job_key)
+        return self._set_in(job, pod, state)
+
+    def _set_in(self, job: JobPods, pod: int, state: int | None) -> bool:
         known = len(job.states)
         changed = job.set(pod, state)
         self._pods += len(job.states) - known
+        if pod in job.states:
+            self._where[pod] = job
+        elif self._where.get(pod) is job:
+            del self._where[pod]
         if not job.states:
-            del jobs[job_key]
+            jobs = self._jobs[job.trainjob]
+            del jobs[job.key]
             if not jobs:
-                del self._jobs[trainjob]
+                del self._jobs[job.trainjob]
         return changed
 
     def _tell(self, key: TrainJobKey) -> None:

@@ -39,7 +39,8 @@ log = logging.getLogger("webhook.status")
 
 EXPECTATION_TTL = 30.0  # seconds a write stands in for its watch event
 RECOUNT_AFTER = 10.0  # seconds between writes that only change a Degraded gang's pod count
-PODS_UNLISTED_RETRY = 1.0  # seconds: a Degraded TrainJob waits for the pods to be listed
+PODS_UNLISTED_RETRY = 1.0  # seconds: a Degraded TrainJob's first wait for the pods to be listed
+PODS_UNLISTED_TRIES = 6  # its waits, each twice the last (a minute in all); then pods are unknown
 
 
 @dataclass
@@ -89,6 +90,7 @@ class StatusWriter:
         self._last_write: dict[Key, float] = {}  # monotonic time of the last write
         self.degraded: dict[Key, frozenset[str]] = {}  # TrainJob -> its degraded gangs
         self._refused: set[int] = set()  # HTTP statuses already logged at warning
+        self._pods_waits: dict[Key, int] = {}  # TrainJob -> its waits for the pods to be listed
 
     async def sync(self, key: Key, outcome: Outcome | None) -> float | None:
         """Applies the condition the stored TrainJob should carry, if it carries another;
@@ -98,10 +100,9 @@ class StatusWriter:
             return None  # gone, or not this service's: never a write of any kind
         raw = entry.raw
         stored = cond.stored_condition(raw)
-        if self._pods_unlisted() and stored is not None and stored.get("reason") == cond.DEGRADED:
-            # A new leader, before its pod watch has listed: without counts it would say
-            # Scheduled, and Degraded again a moment later (one more Event, two more writes).
-            return PODS_UNLISTED_RETRY
+        wait = self._pods_wait(key, stored, outcome)
+        if wait is not None:
+            return wait
         now = cond.rfc3339(self.clock())
         situation = self.situation(raw, outcome)
         desired = cond.decide(situation, stored, now)
@@ -138,8 +139,26 @@ class StatusWriter:
             self.metrics.status_writes.labels(reason=desired.reason).inc()
         return None
 
-    def _pods_unlisted(self) -> bool:
-        return self.pods is not None and not self.pods.synced
+    def _pods_wait(
+        self, key: Key, stored: Mapping[str, Any] | None, outcome: Outcome
+    ) -> float | None:
+        """A new leader, before its pod watch has listed, would say Scheduled of a Degraded gang
+        (no counts) and Degraded again a moment later (one more Event, two more writes): the
+        TrainJob waits, when its answer depends on pod counts. A bounded number of times: a pod
+        watch that never lists (RBAC without pods) must not hold the condition back forever, nor
+        cost a pass every second."""
+        if self.pods is None or self.pods.synced:
+            self._pods_waits.clear()
+            return None
+        if stored is None or stored.get("reason") != cond.DEGRADED:
+            return None
+        if outcome.lifecycle != "active" or outcome.blocker is not None or outcome.plan is None:
+            return None  # finished, suspended or blocked: said without counts
+        tries = self._pods_waits.get(key, 0)
+        if tries >= PODS_UNLISTED_TRIES:
+            return None  # the pods count as unknown
+        self._pods_waits[key] = tries + 1
+        return float(PODS_UNLISTED_RETRY * 2**tries)
 
     def _recount_wait(
         self, key: Key, stored: Mapping[str, Any] | None, desired: cond.Desired
@@ -159,6 +178,7 @@ class StatusWriter:
         gauge no longer counts gangs this replica no longer follows)."""
         self._written.clear()
         self._last_write.clear()
+        self._pods_waits.clear()
         self.degraded.clear()
         self._publish()
 
@@ -166,6 +186,7 @@ class StatusWriter:
         """The TrainJob is gone: never degraded."""
         self._written.pop(key, None)
         self._last_write.pop(key, None)
+        self._pods_waits.pop(key, None)
         if self.degraded.pop(key, None):
             self._publish()
 
@@ -182,7 +203,8 @@ class StatusWriter:
         statuses = self._statuses(plan, backend)
         pods = self.pods
         jobs = pods.jobs(plan.namespace, plan.trainjob_name) if pods and pods.synced else None
-        gangs = tuple(_gang(g, statuses.get(g.pod_group_name), jobs) for g in plan.groups)
+        counts = _pods_by_group(plan, jobs) if jobs is not None else None
+        gangs = tuple(_gang(g, statuses.get(g.pod_group_name), counts) for g in plan.groups)
         return cond.Situation(
             gangs=gangs,
             dropped=outcome.dropped,
@@ -269,17 +291,24 @@ class StatusWriter:
         )
 
 
+def _pods_by_group(plan: Plan, jobs: Mapping[JobKey, JobPods]) -> dict[str, cond.Pods]:
+    """Each group's live and succeeded pods, from one walk of the Jobs (whose keys come from pod
+    labels anyone who makes pods can set: work in their number, not times the groups')."""
+    counts: dict[str, tuple[int, int]] = {}
+    for (rj, index), job in jobs.items():
+        group = plan.group_for(rj, index)
+        if group is not None:
+            live, succeeded = counts.get(group.pod_group_name, (0, 0))
+            counts[group.pod_group_name] = (live + job.live, succeeded + job.succeeded)
+    return {name: cond.Pods(*c) for name, c in counts.items()}
+
+
 def _gang(
-    group: GroupPlan, status: GangStatus | None, jobs: Mapping[JobKey, JobPods] | None
+    group: GroupPlan, status: GangStatus | None, counts: Mapping[str, cond.Pods] | None
 ) -> cond.Gang:
     pods = None
-    if jobs is not None:
-        mine = [
-            job
-            for (rj, index), job in jobs.items()
-            if rj in group.replicated_jobs and group.job_index in (None, index)
-        ]
-        pods = cond.Pods(sum(j.live for j in mine), sum(j.succeeded for j in mine))
+    if counts is not None:
+        pods = counts.get(group.pod_group_name, cond.Pods(0, 0))
     return cond.Gang(
         name=group.pod_group_name,
         min_count=group.min_count if group.policy == "gang" else None,
