@@ -3,9 +3,9 @@ health after admission is judged from (`reconcile/status.py`).
 
 No pod is kept: each watch event is reduced to its Job (namespace, JobSet, ReplicatedJob, Job
 index, from the labels JobSet puts on every pod) and a state (pending, live, succeeded, lost),
-then dropped. Per Job: four counts and, per pod, the hash of its namespace and name and its
-state (a later event must know what the pod counted as before); per pod, its Job (a pod whose
-labels are edited must leave the Job it counted in). Work per event is a few dict operations;
+then dropped. Per Job: four counts. Per pod, by namespace and the hash of its name: its Job and
+its state, as one tuple its Job holds (a later event must know what the pod counted as, and in
+which Job: a pod whose labels are edited leaves it). Work per event is a few dict operations;
 listeners hear (namespace, JobSet name) when a Job's live or succeeded count changed, and
 coalesce what they do with it (the reconciler's work queue holds each TrainJob once).
 """
@@ -27,15 +27,16 @@ Changed = Callable[[str, str], None]
 
 
 class JobPods:
-    """One Job's pods: counts by state, and each pod's state by its hash (`pod_of`)."""
+    """One Job's pods: counts by state."""
 
     __slots__ = ("counts", "key", "states", "trainjob")
 
     def __init__(self, trainjob: TrainJobKey, key: JobKey) -> None:
         self.counts = [0, 0, 0, 0]  # PENDING, LIVE, SUCCEEDED, LOST
-        self.states: dict[int, int] = {}
         self.trainjob = trainjob
         self.key = key
+        # What each of its pods is remembered as (one of these, shared: no object per pod).
+        self.states = tuple((self, state) for state in (PENDING, LIVE, SUCCEEDED, LOST))
 
     @property
     def live(self) -> int:
@@ -45,19 +46,8 @@ class JobPods:
     def succeeded(self) -> int:
         return self.counts[SUCCEEDED]
 
-    def set(self, pod: int, state: int | None) -> bool:
-        """The pod is now in `state` (None: gone); whether live or succeeded changed."""
-        before = self.states.pop(pod, None) if state is None else self.states.get(pod)
-        if before == state:
-            return False
-        if before is not None:
-            self.counts[before] -= 1
-        if state is not None:
-            if before is None and len(self.states) >= MAX_PODS_PER_JOB:
-                return False
-            self.counts[state] += 1
-            self.states[pod] = state
-        return LIVE in (before, state) or SUCCEEDED in (before, state)
+
+Counted = tuple[JobPods, int]  # a pod's Job and its state
 
 
 def state_of(raw: Mapping[str, Any]) -> int:
@@ -73,20 +63,21 @@ def state_of(raw: Mapping[str, Any]) -> int:
     return LIVE if bound else PENDING
 
 
-def pod_of(raw: Mapping[str, Any]) -> int | None:
-    """The hash of a pod's namespace and name: what it is known by, whatever its labels say."""
+def pod_of(raw: Mapping[str, Any]) -> tuple[str, int] | None:
+    """A pod's namespace and the hash of its name: what it is known by, whatever its labels
+    say."""
     meta = raw.get("metadata")
     if not isinstance(meta, dict):
         return None
     namespace, name = meta.get("namespace"), meta.get("name")
     if not isinstance(namespace, str) or not isinstance(name, str):
         return None
-    return hash((namespace, name))
+    return namespace, hash(name)
 
 
 def job_of(raw: Mapping[str, Any]) -> tuple[TrainJobKey, JobKey, int] | None:
-    """(its TrainJob, its Job, `pod_of`) from a pod's labels; None for a pod that JobSet did not
-    make."""
+    """(its TrainJob, its Job, the hash of its name) from a pod's labels; None for a pod that
+    JobSet did not make."""
     meta = raw.get("metadata")
     if not isinstance(meta, dict):
         return None
@@ -102,7 +93,7 @@ def job_of(raw: Mapping[str, Any]) -> tuple[TrainJobKey, JobKey, int] | None:
         return None
     if not (index.isascii() and index.isdigit() and len(index) <= 10):
         return None
-    return (namespace, jobset), (rj, int(index)), hash((namespace, name))
+    return (namespace, jobset), (rj, int(index)), hash(name)
 
 
 class GangPods:
@@ -115,12 +106,11 @@ class GangPods:
         self.watched: tuple[str, ...] | None = None  # namespaces listed one by one, if so
         self._listed: set[str | None] = set()
         self._jobs: dict[TrainJobKey, dict[JobKey, JobPods]] = {}
-        self._where: dict[int, JobPods] = {}  # each counted pod's Job
+        self._pods_of: dict[str, dict[int, Counted]] = {}  # namespace -> pod -> where it counts
         self._listeners: list[Changed] = []
-        self._pods = 0
 
     def __len__(self) -> int:
-        return self._pods
+        return sum(len(pods) for pods in self._pods_of.values())
 
     def subscribe(self, listener: Changed) -> None:
         self._listeners.append(listener)
@@ -137,17 +127,17 @@ class GangPods:
     def replace(self, items: Iterable[dict[str, Any]], namespace: str | None = None) -> None:
         """A fresh list (of trimmed pods): the namespace's counts, or all of them, start again;
         every JobSet whose counts were or are now known is told."""
-        touched: set[TrainJobKey] = set()
-        for key in [k for k in self._jobs if namespace is None or k[0] == namespace]:
-            for job in self._jobs.pop(key).values():
-                self._pods -= len(job.states)
-                for pod in job.states:
-                    del self._where[pod]
-            touched.add(key)
+        touched = {k for k in self._jobs if namespace is None or k[0] == namespace}
+        for key in touched:
+            del self._jobs[key]
+        if namespace is None:
+            self._pods_of.clear()
+        else:
+            self._pods_of.pop(namespace, None)
         for item in items:
             found = item.get("job")
             if found is not None:
-                self._set(found, item["state"])
+                self._count(found, item["state"], tell=False)
                 touched.add(found[0])
         self._listed.add(namespace)
         self.synced = self.watched is None or all(ns in self._listed for ns in self.watched)
@@ -156,47 +146,56 @@ class GangPods:
 
     def apply(self, event: EventType, raw: dict[str, Any]) -> None:
         found = job_of(raw)
-        pod = found[2] if found is not None else pod_of(raw)
-        if pod is not None:
-            self._leave(pod, found)
-        if found is not None and self._set(found, None if event == "DELETED" else state_of(raw)):
-            self._tell(found[0])
-
-    def _leave(self, pod: int, found: tuple[TrainJobKey, JobKey, int] | None) -> None:
-        """A pod whose labels were edited (or that left the watch's selector) leaves the Job it
-        counted in."""
-        before = self._where.get(pod)
-        if before is None or (found is not None and (before.trainjob, before.key) == found[:2]):
+        if found is not None and event != "DELETED":
+            self._count(found, state_of(raw))
             return
-        if self._set_in(before, pod, None):
-            self._tell(before.trainjob)
+        pod = (found[0][0], found[2]) if found is not None else pod_of(raw)
+        if pod is not None:  # deleted, or its labels say no Job any more: counted nowhere
+            self._uncount(*pod)
 
-    def _set(self, found: tuple[TrainJobKey, JobKey, int], state: int | None) -> bool:
+    def _count(self, found: tuple[TrainJobKey, JobKey, int], state: int, tell: bool = True) -> None:
         trainjob, job_key, pod = found
-        jobs = self._jobs.get(trainjob)
-        job = jobs.get(job_key) if jobs is not None else None
-        if job is None:
-            if state is None:
-                return False
-            if jobs is None:
-                jobs = self._jobs[trainjob] = {}
-            job = jobs[job_key] = JobPods(trainjob, job_key)
-        return self._set_in(job, pod, state)
+        pods = self._pods_of.setdefault(trainjob[0], {})
+        before = pods.get(pod)
+        if before is not None:
+            job, was = before
+            if job.trainjob != trainjob or job.key != job_key:
+                self._uncount(trainjob[0], pod)  # its labels were edited: out of its old Job
+                pods = self._pods_of.setdefault(trainjob[0], {})
+            elif was == state:
+                return
+            else:  # the same Job, another state
+                job.counts[was] -= 1
+                job.counts[state] += 1
+                pods[pod] = job.states[state]
+                if tell and (LIVE in (was, state) or SUCCEEDED in (was, state)):
+                    self._tell(trainjob)
+                return
+        jobs = self._jobs.setdefault(trainjob, {})
+        job = jobs.get(job_key) or jobs.setdefault(job_key, JobPods(trainjob, job_key))
+        if sum(job.counts) >= MAX_PODS_PER_JOB:
+            return
+        job.counts[state] += 1
+        pods[pod] = job.states[state]
+        if tell and state in (LIVE, SUCCEEDED):
+            self._tell(trainjob)
 
-    def _set_in(self, job: JobPods, pod: int, state: int | None) -> bool:
-        known = len(job.states)
-        changed = job.set(pod, state)
-        self._pods += len(job.states) - known
-        if pod in job.states:
-            self._where[pod] = job
-        elif self._where.get(pod) is job:
-            del self._where[pod]
-        if not job.states:
+    def _uncount(self, namespace: str, pod: int) -> None:
+        pods = self._pods_of.get(namespace)
+        counted = pods.pop(pod, None) if pods is not None else None
+        if counted is None:
+            return
+        if not pods:
+            del self._pods_of[namespace]
+        job, state = counted
+        job.counts[state] -= 1
+        if not any(job.counts):
             jobs = self._jobs[job.trainjob]
             del jobs[job.key]
             if not jobs:
                 del self._jobs[job.trainjob]
-        return changed
+        if state in (LIVE, SUCCEEDED):
+            self._tell(job.trainjob)
 
     def _tell(self, key: TrainJobKey) -> None:
         for listener in self._listeners:
