@@ -510,20 +510,27 @@ async def test_only_the_leader_writes_the_condition() -> None:
                 await s.stop()
 
 
+async def degraded_by_a_first_leader(k: VersionedEmulator, url: str) -> dict[str, Any]:
+    """A scheduled gang that lost a pod, said Degraded (and its Event posted) by a first leader,
+    which then stops; returns the Degraded condition."""
+    first = Service(k, url, identity="first")
+    try:
+        group = await with_its_gang(first)
+        for i in range(NUM_NODES):
+            await create(k, PODS, pod(i))
+        await scheduler_says(first, group, "True", "Scheduled", "")
+        await condition_is(k, cond.SCHEDULED, "True")
+        await delete(k, PODS, NS, f"{NAME}-node-0-3-x")
+        degraded = await condition_is(k, cond.DEGRADED)
+        await eventually(lambda: events(k, "GangDegraded"), "a GangDegraded Event")
+    finally:
+        await first.stop()
+    return degraded
+
+
 async def test_a_new_leader_keeps_degraded_until_its_pod_watch_has_listed() -> None:
     async with emulator() as (k, url):
-        first = Service(k, url, identity="first")
-        try:
-            group = await with_its_gang(first)
-            for i in range(NUM_NODES):
-                await create(k, PODS, pod(i))
-            await scheduler_says(first, group, "True", "Scheduled", "")
-            await condition_is(k, cond.SCHEDULED, "True")
-            await delete(k, PODS, NS, f"{NAME}-node-0-3-x")
-            degraded = await condition_is(k, cond.DEGRADED)
-            await eventually(lambda: events(k, "GangDegraded"), "a GangDegraded Event")
-        finally:
-            await first.stop()
+        degraded = await degraded_by_a_first_leader(k, url)
         lists = k[kmock.method.GET, PODS]
         next_requests(lists, 2) << status(500)  # the new leader's pod list fails twice
         second = Service(k, url, identity="second")
@@ -541,17 +548,7 @@ async def test_a_new_leader_keeps_degraded_until_its_pod_watch_has_listed() -> N
 async def a_degraded_trainjob_then_a_leader_without_pods(k: VersionedEmulator, url: str) -> None:
     """A Degraded TrainJob, and its first leader gone; the pods may not be listed from now on
     (a ClusterRole without pods: the service runs on without their counts)."""
-    first = Service(k, url, identity="first")
-    try:
-        group = await with_its_gang(first)
-        for i in range(NUM_NODES):
-            await create(k, PODS, pod(i))
-        await scheduler_says(first, group, "True", "Scheduled", "")
-        await condition_is(k, cond.SCHEDULED, "True")
-        await delete(k, PODS, NS, f"{NAME}-node-0-3-x")
-        await condition_is(k, cond.DEGRADED)
-    finally:
-        await first.stop()
+    await degraded_by_a_first_leader(k, url)
     forbidden = status(403, 'pods is forbidden: cannot list resource "pods"', "Forbidden")
     next_requests(k[kmock.method.GET, PODS], 100_000) << forbidden
 
