@@ -7,27 +7,44 @@ the pod path, which builds its one-operation patch directly (tests prove it equa
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import jsonpatch
 
-from ..backends.base import Context, Defaulting, GangBackend, Kind, composite_kind, expresses
+from ..backends.base import (
+    Context,
+    Defaulting,
+    GangBackend,
+    Kind,
+    composite_kind,
+    expresses,
+    is_managed,
+)
 from ..core import defaults, kueue, overcommit
 from ..core import errors as fe
 from ..core.errors import FieldError, Path
 from ..core.fields import parse
 from ..core.layout import is_multi_level
 from ..core.lifecycle import gang_exists
-from ..core.ownership import controller_uid, controlling_trainjob
-from ..core.plan import JOBSET_NAME, PlanningError, build_plan, group_for_labels
+from ..core.ownership import controlled_by, controller_uid, controlling_trainjob
+from ..core.plan import (
+    JOBSET_NAME,
+    RESTART_ATTEMPT,
+    GroupPlan,
+    Plan,
+    PlanningError,
+    attempt_of,
+    build_plan,
+    group_for_labels,
+)
 from ..core.trainer import DEFAULT_SCHEDULER, TrainJob
 from ..core.validation import CheckedRuntime, Verdict, check_trainjob, judge_runtime
-from ..kube.cache import Cache
+from ..kube.cache import Cache, PlanLookup
 from .feasibility import feasibility_verdict
 from .review import MAX_WARNING, Decision, Review
 
-Handler = Callable[[Review, Cache], Decision]
+Handler = Callable[[Review, Cache], Decision | Awaitable[Decision]]
 WRITES = ("CREATE", "UPDATE")
 
 
@@ -268,9 +285,32 @@ def _runtime_unknowable(trainjob: TrainJob, connected: bool) -> FieldError:
 
 
 # --- Pods (the hot path: every pod of every TrainJob) -------------------------------------------
+#
+# A pod of a TrainJob that will be ganged is tied to its group or held, never admitted loose:
+# `spec.schedulingGroup` can only be set when a pod is created, and kube-scheduler holds a gang
+# until minCount pods name its PodGroup, so one pod let through without it would leave the rest
+# of the gang Pending for ever. Holding is a denial, as KEP-5547 blocks a Job's pod creation:
+# the Job controller creates the pod again with its backoff, by which time the reason has
+# usually gone (the watch caught up, the reconciler froze the runtime, the old PodGroup went).
+
+HOLD_CODE = 403
 
 
-def mutate_pod_review(review: Review, cache: Cache) -> Decision:
+def held(reason: str, why: str) -> Decision:
+    """A pod creation denied to hold it, with the reason the counters and the log carry."""
+    return Decision(
+        allowed=False,
+        code=HOLD_CODE,
+        reason="Forbidden",
+        message=(
+            f"SchedulingBlocked: the pod is held until it can join its TrainJob's gang: {why}; "
+            "its Job creates it again shortly (trainjob-scheduling)"
+        ),
+        untied=reason,
+    )
+
+
+def mutate_pod_review(review: Review, cache: Cache) -> Decision | Awaitable[Decision]:
     if review.operation != "CREATE" or review.sub_resource:
         return Decision()
     pod = review.object
@@ -283,41 +323,96 @@ def mutate_pod_review(review: Review, cache: Cache) -> Decision:
     spec = pod.get("spec")
     if isinstance(spec, dict) and spec.get("schedulingGroup") is not None:
         return Decision()  # already in a group: whoever set it decides
-    lookup = cache.plan_for(_namespace(review, pod), trainjob)
+    namespace = _namespace(review, pod)
+    lookup = cache.plan_for(namespace, trainjob)
+    if lookup.state == "no-trainjob":
+        return _not_cached(namespace, trainjob, lookup.detail, cache)
+    assert isinstance(labels, dict)
+    return _tie(pod, labels, lookup, cache)
+
+
+def _not_cached(
+    namespace: str, trainjob: str, detail: str, cache: Cache
+) -> Decision | Awaitable[Decision]:
+    """A JobSet pod whose TrainJob this replica has not seen: a plain JobSet's (let through,
+    silently), or a TrainJob's that the watch has not brought yet (held). Only the API server
+    can tell: asked once per TrainJob name for a few seconds (kube/lookup.py)."""
+    lookup = cache.trainjob_lookup
+    if lookup is None:  # no cluster: nothing will ever be known
+        return Decision(warnings=[f"not tied to a gang: {detail}"])
+
+    async def asked() -> Decision:
+        exists = await lookup.exists(namespace, trainjob)
+        if exists is False:
+            return Decision(note=detail)  # a JobSet of the same name but no TrainJob
+        if exists is None:
+            return held("lookup-failed", f"{detail}, and the API server could not be asked")
+        return held("not-cached", f'TrainJob "{trainjob}" is not in this replica\'s cache yet')
+
+    return asked()
+
+
+def _tie(pod: dict[str, Any], labels: dict[str, Any], lookup: PlanLookup, cache: Cache) -> Decision:
+    """The pod's group, or why it is held, or why it is let through without one."""
     if lookup.plan is None:
         if lookup.state == "no-scheduling":
-            return Decision()
-        if lookup.state == "no-trainjob" and cache.connected and cache.trainjobs.synced:
-            # A JobSet of the same name but no TrainJob: someone else's pod, silently.
-            return Decision(note=lookup.detail)
-        return Decision(warnings=[f"not tied to a gang: {lookup.detail}"])
-    plan = lookup.plan
-    assert isinstance(labels, dict)
+            return Decision()  # not a ganged TrainJob
+        if lookup.state == "frozen-no-gang":
+            return Decision(note=f"not tied to a gang: {lookup.detail}", untied="frozen-no-gang")
+        return held(lookup.state, lookup.detail)  # unfrozen, no-runtime, invalid
+    attempt = attempt_of(labels)
+    if attempt is None:
+        return held("invalid-labels", f"its label {RESTART_ATTEMPT} is not a restart count")
+    plan = lookup.plan.at_attempt(attempt)
     group = group_for_labels(plan, labels)
     if group is None:
         return Decision()  # an untargeted ReplicatedJob: default scheduling
     backend = cache.backends.for_plan(plan)
-    if backend is None:
-        return Decision(note=f"no gang backend serves the scheduler {plan.scheduler_name!r}")
-    if cache.api(backend) == "not-served":
-        # No objects of this backend can exist (and the API server would drop a native
-        # schedulingGroup silently): say so in the log.
+    if backend is None:  # no gang will ever be made for it: let through, and count it
+        note = f"not tied to a gang: no gang backend serves the scheduler {plan.scheduler_name!r}"
+        return Decision(note=note, untied="no-backend")
+    api = cache.api(backend)
+    if api != "served":
         version = backend.kinds[0].group_version
-        return Decision(note=f"not tied to a gang: {version} is not served")
-    scheduler = spec.get("schedulerName") if isinstance(spec, dict) else None
-    if (scheduler or DEFAULT_SCHEDULER) != plan.scheduler_name:
-        detail = (
-            f"not tied to a gang: the pod names the scheduler {scheduler or DEFAULT_SCHEDULER!r}, "
-            f"its TrainJob's gang is for {plan.scheduler_name!r}"
-        )
-        return Decision(warnings=[detail])
+        why = "is not served" if api == "not-served" else "is not known to be served yet"
+        return held(f"api-{api}", f"the gang API {version} {why}")
+    spec = pod.get("spec")
+    scheduler = (spec.get("schedulerName") if isinstance(spec, dict) else None) or DEFAULT_SCHEDULER
+    if scheduler != plan.scheduler_name:
+        why = f"it names the scheduler {scheduler!r}, its gang is for {plan.scheduler_name!r}"
+        return held("scheduler-mismatch", why)
     if cache.foreign(backend, plan.trainjob_uid) is not None:
-        return Decision(note="not tied to a gang: another controller schedules this TrainJob")
+        note = "not tied to a gang: another controller schedules this TrainJob"
+        return Decision(note=note, untied="stood-down")
     if not expresses(backend, plan):
-        return Decision(note=f"not tied to a gang: the {backend.name} backend has no trees")
+        return held("not-expressible", f"the {backend.name} backend cannot express its tree")
     if cache.missing_kind(backend, plan) is not None:
-        return Decision(note="not tied to a gang: its tree needs CompositePodGroups, not served")
+        return held("kind-not-served", "its tree needs CompositePodGroups, not served")
+    blocked = _group_blocked(backend, plan, group, cache)
+    if blocked is not None:
+        return blocked
     return Decision(patch=backend.pod_patch(pod, plan, group) or None)
+
+
+def _group_blocked(
+    backend: GangBackend, plan: Plan, group: GroupPlan, cache: Cache
+) -> Decision | None:
+    """A pod may name a group that does not exist yet (kube-scheduler waits for it, and the
+    reconciler makes it: a JobSet restart's pods come before their PodGroups), but never one
+    that is going away (it would keep it Terminating for ever) or that is not this TrainJob's."""
+    for kind in backend.kinds:
+        entry = cache.store(kind).get(plan.namespace, group.pod_group_name)
+        if entry is None:
+            continue
+        obj = entry.raw
+        if not controlled_by(obj, plan.trainjob_uid) or not is_managed(obj):
+            why = f"{kind.kind} {group.pod_group_name!r} exists but is not this TrainJob's"
+            return held("podgroup-foreign", why)
+        meta = obj.get("metadata")
+        if isinstance(meta, dict) and meta.get("deletionTimestamp"):
+            why = f"{kind.kind} {group.pod_group_name!r} of an earlier gang is still terminating"
+            return held("podgroup-terminating", why)
+    return None
 
 
 def _namespace(review: Review, obj: dict[str, Any]) -> str:

@@ -73,6 +73,9 @@ class Decision:
     message: str = ""
     details: dict[str, Any] | None = None
     note: str = ""  # for the log line only
+    untied: str = ""
+    """A TrainJob pod of a ganged runtime held (denied: the Job controller retries) or admitted
+    without its group: why, as the reason label of the pods' held/untied counters."""
 
 
 def parse(body: bytes) -> Review:

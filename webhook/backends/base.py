@@ -23,6 +23,7 @@ JsonObject = dict[str, Any]
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "trainjob-scheduling-webhook"
 TRAINJOB_LABEL = "trainer.kubeflow.org/trainjob-name"
+PLAN_VERSION_LABEL = "trainjob-scheduling.dev/plan-version"  # absent: version 1
 
 
 @dataclass(frozen=True)
@@ -224,8 +225,13 @@ def annotate(pod: Mapping[str, Any], wanted: Mapping[str, str]) -> list[JsonObje
 
 
 def owner_labels(plan: Plan) -> dict[str, str]:
-    """Labels that mark this service's objects and let a watch select one TrainJob's."""
-    return {MANAGED_BY_LABEL: MANAGED_BY, TRAINJOB_LABEL: plan.trainjob_name}
+    """Labels that mark this service's objects and let a watch select one TrainJob's; from
+    plan version 2 on, the version that named them (core/snapshot.py), so that a reader can tell
+    which release's rules made a running gang."""
+    labels = {MANAGED_BY_LABEL: MANAGED_BY, TRAINJOB_LABEL: plan.trainjob_name}
+    if plan.plan_version >= 2:
+        labels[PLAN_VERSION_LABEL] = str(plan.plan_version)
+    return labels
 
 
 def is_managed(obj: Mapping[str, Any] | None) -> bool:

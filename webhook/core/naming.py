@@ -3,6 +3,13 @@
 Names are a pure function of namespace, TrainJob name, ReplicatedJob names and Job index, so they
 can be recomputed anywhere (for instance from a pod's JobSet labels) without an API call. They must
 never change between releases: running TrainJobs' pods point at them.
+
+Plan version 2 (`core/snapshot.py`) qualifies the Workload and PodGroup names by an incarnation,
+the TrainJob's uid: a PodGroup keeps the finalizer `scheduling.k8s.io/podgroup-protection` while
+any pod names it, so a TrainJob deleted and re-applied under the same name would otherwise point
+its new pods at the old, Terminating PodGroup and keep it (and itself) stuck for ever. Template
+names live inside one Workload and stay as they were. A JobSet restart's PodGroups are qualified
+by the restart attempt too (`for_attempt`). Version 1 (incarnation "") keeps the old names.
 """
 
 from __future__ import annotations
@@ -35,8 +42,13 @@ def hashed(prefix: str, digest: str) -> str:
     return f"{prefix}-{digest}"
 
 
-def workload_name(namespace: str, trainjob: str) -> str:
-    return hashed(trainjob, object_hash("TrainJob", namespace, trainjob))
+def _incarnate(name: str, incarnation: str) -> str:
+    return f"{name}@{incarnation}" if incarnation else name
+
+
+def workload_name(namespace: str, trainjob: str, incarnation: str = "") -> str:
+    """Also the level-1 template's and PodGroup's name."""
+    return hashed(trainjob, object_hash("TrainJob", namespace, _incarnate(trainjob, incarnation)))
 
 
 def group_template_name(namespace: str, trainjob: str, targets: Sequence[str]) -> str:
@@ -60,9 +72,20 @@ def split_template_name(namespace: str, trainjob: str, replicated_job: str) -> s
     )
 
 
-def pod_group_name(trainjob: str, template: str) -> str:
-    """The PodGroup of a level-2, level-3 or split template."""
+def pod_group_name(trainjob: str, template: str, incarnation: str = "") -> str:
+    """The PodGroup of a level-2, level-3 or split template (readable prefix, then a hash of
+    the TrainJob, the template and the incarnation when there is one)."""
     name = f"{trainjob}-{template}"
-    if len(name) <= MAX_NAME:
+    if not incarnation and len(name) <= MAX_NAME:
         return name
-    return hashed(trainjob[: MAX_NAME - 1 - HASH_LEN], _sha1(f"{trainjob}/{template}"))
+    digest = _sha1(_incarnate(f"{trainjob}/{template}", incarnation))
+    prefix = name if incarnation else trainjob
+    return hashed(prefix[: MAX_NAME - 1 - HASH_LEN], digest)
+
+
+def for_attempt(name: str, attempt: int) -> str:
+    """A PodGroup's (or CompositePodGroup's) name in JobSet restart attempt `attempt`: attempt
+    0 keeps the name, each later attempt gets one of its own (a new gang, admitted whole)."""
+    if attempt <= 0:
+        return name
+    return hashed(name[: MAX_NAME - 1 - HASH_LEN], _sha1(f"{name}/restart/{attempt}"))

@@ -7,6 +7,7 @@ Pure: no I/O, no clock, no globals.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -31,6 +32,8 @@ from .validation import CheckedRuntime, check_stored_runtime, check_trainjob
 JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
 REPLICATED_JOB_NAME = "jobset.sigs.k8s.io/replicatedjob-name"
 JOB_INDEX = "jobset.sigs.k8s.io/job-index"
+RESTART_ATTEMPT = "jobset.sigs.k8s.io/restart-attempt"
+MAX_ATTEMPT = 2**31 - 1  # JobSet counts restarts in an int32
 
 
 class PlanningError(ValueError):
@@ -107,6 +110,10 @@ class Plan:
     composites: tuple[CompositePlan, ...] = ()
     """A multi-level runtime's tree of groups of groups, parents first; `groups` are its
     leaves. Empty for a single level."""
+    plan_version: int = 2
+    """How names are made (core/snapshot.py): 1 without incarnation or restart attempts."""
+    attempt: int = 0
+    """The JobSet restart attempt whose PodGroups this plan names (`at_attempt`)."""
     _members: dict[tuple[str, int | None], GroupPlan] = field(
         init=False, repr=False, compare=False, hash=False
     )
@@ -128,6 +135,32 @@ class Plan:
         group = self.group_for(replicated_job, job_index)
         return group.pod_group_name if group else None
 
+    def at_attempt(self, attempt: int) -> Plan:
+        """The plan of JobSet restart attempt `attempt`: the same Workload, and PodGroups (and
+        CompositePodGroups) of their own, so that a restarted JobSet is admitted as a whole
+        again and never waits on its previous attempt's Terminating objects. Plan version 1
+        keeps one set of names for every attempt, as the releases that wrote it did."""
+        if self.plan_version < 2 or attempt == self.attempt:
+            return self
+        renamed = {c.name: naming.for_attempt(c.name, attempt) for c in self.composites}
+
+        def parent(name: str | None) -> str | None:
+            return renamed.get(name, name) if name is not None else None
+
+        groups = tuple(
+            dataclasses.replace(
+                g,
+                pod_group_name=naming.for_attempt(g.pod_group_name, attempt),
+                parent_name=parent(g.parent_name),
+            )
+            for g in self.groups
+        )
+        composites = tuple(
+            dataclasses.replace(c, name=renamed[c.name], parent_name=parent(c.parent_name))
+            for c in self.composites
+        )
+        return dataclasses.replace(self, groups=groups, composites=composites, attempt=attempt)
+
 
 def group_for_labels(plan: Plan, labels: Mapping[str, str]) -> GroupPlan | None:
     """A pod's group from the labels JobSet puts on every pod, or None if not this plan's."""
@@ -144,17 +177,33 @@ def group_for_labels(plan: Plan, labels: Mapping[str, str]) -> GroupPlan | None:
     return plan.group_for(rj, int(index))
 
 
+def attempt_of(labels: Mapping[str, object]) -> int | None:
+    """The JobSet restart attempt a pod's labels name: 0 without the label, None when the label
+    is not an int32 in ASCII digits (a pod the webhook cannot place)."""
+    value = labels.get(RESTART_ATTEMPT)
+    if value is None:
+        return 0
+    if not (isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 10):
+        return None
+    attempt = int(value)
+    return attempt if attempt <= MAX_ATTEMPT else None
+
+
 def pod_group_for_labels(plan: Plan, labels: Mapping[str, str]) -> str | None:
     """A pod's group's name (the native PodGroup's and the plan's for every backend)."""
     group = group_for_labels(plan, labels)
     return group.pod_group_name if group else None
 
 
-def build_plan(trainjob: TrainJob, runtime: Runtime | CheckedRuntime) -> Plan | None:
+def build_plan(
+    trainjob: TrainJob, runtime: Runtime | CheckedRuntime, plan_version: int = 2
+) -> Plan | None:
     """The plan of a TrainJob under its runtime; None when the runtime has no spec.scheduling.
 
     Raises PlanningError exactly when validation rejects the runtime or the TrainJob. Pass a
     `CheckedRuntime` (`check_stored_runtime`) to check a runtime once for all of its TrainJobs.
+    `plan_version` is the snapshot's (core/snapshot.py): from 2 on, the names carry the
+    TrainJob's uid (when it has one: `plan` from files shows the names without it).
     """
     checked = runtime if isinstance(runtime, CheckedRuntime) else check_stored_runtime(runtime)
     layout, verdict = checked.layout, checked.verdict
@@ -168,10 +217,12 @@ def build_plan(trainjob: TrainJob, runtime: Runtime | CheckedRuntime) -> Plan | 
 
     ns = trainjob.namespace
     tj = trainjob.metadata.name or ""
-    workload = naming.workload_name(ns, tj)
-    names = {c.key: _composite_names(c, ns, tj, workload) for c in layout.composites}
+    incarnation = (trainjob.metadata.uid or "") if plan_version >= 2 else ""
+    workload = naming.workload_name(ns, tj, incarnation)
+    names = {c.key: _composite_names(c, ns, tj, workload, incarnation) for c in layout.composites}
     groups = tuple(
-        _group_plan(g, checked.runtime, trainjob, ns, tj, workload, names) for g in layout.groups
+        _group_plan(g, checked.runtime, trainjob, ns, tj, workload, names, incarnation)
+        for g in layout.groups
     )
     composites = tuple(_composite_plan(c, layout, groups, names) for c in layout.composites)
     scheduler = groups[0].scheduler_name if groups else DEFAULT_SCHEDULER
@@ -185,16 +236,19 @@ def build_plan(trainjob: TrainJob, runtime: Runtime | CheckedRuntime) -> Plan | 
         verdict.warnings,
         scheduler,
         composites,
+        plan_version,
     )
 
 
-def _composite_names(c: CompositeLayout, ns: str, tj: str, workload: str) -> tuple[str, str]:
+def _composite_names(
+    c: CompositeLayout, ns: str, tj: str, workload: str, incarnation: str
+) -> tuple[str, str]:
     """(template, object) names: the root is named as the Workload (as a level-1 template),
     an entry's composite as that entry's level-2 template and PodGroup would be."""
     if c.kind is CompositeKind.TRAINJOB:
         return workload, workload
     template = naming.group_template_name(ns, tj, c.targets)
-    return template, naming.pod_group_name(tj, template)
+    return template, naming.pod_group_name(tj, template, incarnation)
 
 
 def _composite_plan(
@@ -242,10 +296,13 @@ def _group_plan(
     tj: str,
     workload: str,
     composites: Mapping[str, tuple[str, str]],
+    incarnation: str,
 ) -> GroupPlan:
     template = _template_name(group, ns, tj, workload)
     pod_group = (
-        template if group.kind is GroupKind.TRAINJOB else naming.pod_group_name(tj, template)
+        template
+        if group.kind is GroupKind.TRAINJOB
+        else naming.pod_group_name(tj, template, incarnation)
     )
     num_nodes = trainjob.num_nodes
     size = group_size(group, runtime, num_nodes)

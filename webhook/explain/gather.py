@@ -26,8 +26,8 @@ from ..backends.registry import default_backends
 from ..core.fields import parse
 from ..core.kueue import QUEUE_LABEL
 from ..core.nodes import NodeSummary
-from ..core.plan import JOBSET_NAME, Plan, PlanningError, build_plan
-from ..core.snapshot import from_text, snapshot_of
+from ..core.plan import JOBSET_NAME, Plan, PlanningError, attempt_of, build_plan
+from ..core.snapshot import PLAN_VERSION, from_text, snapshot_of
 from ..core.trainer import (
     NAMESPACED_RUNTIME_KIND,
     Runtime,
@@ -59,6 +59,7 @@ class Findings:
     parsed: TrainJob | None = None
     runtime: Runtime | None = None
     runtime_note: str = ""
+    plan_version: int = PLAN_VERSION
     plan: Plan | None = None
     plan_note: str = ""
     backend: GangBackend | None = None
@@ -161,24 +162,43 @@ async def gather(api: ApiClient, namespace: str, name: str) -> Findings:
     await _runtime(api, found)
     if found.parsed is not None and found.runtime is not None:
         try:
-            found.plan = build_plan(found.parsed, check_stored_runtime(found.runtime))
+            checked = check_stored_runtime(found.runtime)
+            found.plan = build_plan(found.parsed, checked, found.plan_version)
         except PlanningError as err:
             found.plan_note = f"the TrainJob does not validate: {err.errors[0]}"
     if found.plan is not None:
         found.backend = default_backends().for_plan(found.plan)
         await _gang_objects(api, found)
     await _pods_and_events(api, found)
+    if found.plan is not None:  # the PodGroups of the JobSet's current restart attempt
+        found.plan = found.plan.at_attempt(_attempt(found.pods))
     await _kueue(api, found)
     await _nodes(api, found)
     return found
+
+
+def _attempt(pods: list[Json]) -> int:
+    """The newest JobSet restart attempt among pods not being deleted (0 without any)."""
+    newest = 0
+    for pod in pods:
+        meta = pod.get("metadata")
+        if not isinstance(meta, dict) or meta.get("deletionTimestamp"):
+            continue
+        labels = meta.get("labels")
+        attempt = attempt_of(labels) if isinstance(labels, dict) else None
+        newest = max(newest, attempt or 0)
+    return newest
 
 
 async def _runtime(api: ApiClient, found: Findings) -> None:
     """The runtime the TrainJob was planned under: its frozen snapshot (as the service plans
     it), else the runtime as it is now."""
     frozen = snapshot_of(found.trainjob)
-    if frozen is not None and (runtime := from_text(frozen)) is not None:
-        found.runtime = runtime
+    if frozen is not None and (read := from_text(frozen)) is not None:
+        found.plan_version = read.version
+        found.runtime = read.runtime
+        if read.runtime is None:
+            found.runtime_note = "the TrainJob started without a gang and keeps none (frozen)"
         return
     tj = found.parsed
     if tj is None:

@@ -16,11 +16,12 @@ from ..backends.registry import Backends, default_backends
 from ..core.fields import parse
 from ..core.memo import Memo
 from ..core.plan import Plan, PlanningError, build_plan
-from ..core.snapshot import from_text, snapshot_of
+from ..core.snapshot import Frozen, from_text, snapshot_of
 from ..core.trainer import CLUSTER_RUNTIME_KIND, NAMESPACED_RUNTIME_KIND, Runtime, TrainJob
 from ..core.validation import CheckedRuntime, Verdict, check_stored_runtime
 from .feasibility import Feasibility
 from .index import OwnerIndex
+from .lookup import TrainJobLookup
 from .store import Entry, EventType, Key, Listener, Store, key_of
 
 __all__ = ["Cache", "Entry", "EventType", "GangApi", "Key", "Listener", "PlanLookup", "Store"]
@@ -31,7 +32,12 @@ __all__ += ["key_of"]
 class PlanLookup:
     """A TrainJob's plan as the cache sees it; `state` says why there is none."""
 
-    state: Literal["ok", "no-trainjob", "no-runtime", "no-scheduling", "invalid"]
+    state: Literal[
+        "ok", "no-trainjob", "no-runtime", "no-scheduling", "unfrozen", "frozen-no-gang", "invalid"
+    ]
+    """`unfrozen`: the runtime schedules but the reconciler has not frozen it into the TrainJob
+    yet (its pods are held until it has); `frozen-no-gang`: the TrainJob started without a gang
+    and keeps none, whatever its runtime says now."""
     plan: Plan | None = None
     detail: str = ""
     trainjob: TrainJob | None = None  # with a plan: what it was made from (feasibility reads it)
@@ -70,7 +76,10 @@ class Cache:
         self._owners_of: dict[str, tuple[tuple[Kind, OwnerIndex], ...]] = {
             b.name: tuple((k, self.owners[k]) for k in b.kinds) for b in self.backends.backends
         }
-        self._snapshots: dict[str, CheckedRuntime] = {}
+        self._snapshots: dict[str, tuple[int, CheckedRuntime | None]] = {}
+        # Asks the API server whether a TrainJob the cache lacks exists (the pod webhook's one
+        # live read); None without a cluster.
+        self.trainjob_lookup: TrainJobLookup | None = None
         # Runtime reviews' verdicts by content (the admission handler's; bounded).
         self.runtime_verdicts: Memo[tuple[Verdict, str | None]] = Memo(256)
         # Fed by the Node watch; not needed for readiness (feasibility waits for it quietly).
@@ -155,59 +164,65 @@ class Cache:
         return None if entry is None else _checked_runtime(entry)
 
     def plan_for(self, namespace: str, name: str) -> PlanLookup:
-        """The plan of TrainJob namespace/name: under the runtime snapshot the reconciler froze
-        into it (`core/snapshot.py`), else under its runtime's current version."""
+        """The plan of TrainJob namespace/name under the runtime snapshot the reconciler froze
+        into it (`core/snapshot.py`). Without a snapshot there is no plan yet: `unfrozen` when
+        its runtime schedules (the reconciler freezes it when it first sees the TrainJob),
+        `no-scheduling` when it does not."""
         entry = self.trainjobs.get(namespace, name)
         if entry is None:
             detail = f'no TrainJob "{namespace}/{name}" in the cache'
             return PlanLookup("no-trainjob", detail=detail)
         frozen = snapshot_of(entry.raw)
-        runtime_entry = None
         if frozen is None:
             kind, runtime_name = _runtime_ref(entry.raw)
             runtime_entry = self._runtime_entry(kind, namespace, runtime_name)
             if runtime_entry is None:
                 return PlanLookup("no-runtime", detail=f'no {kind} "{runtime_name}" in the cache')
-        runtime_memo = frozen if frozen is not None else runtime_entry
-        if entry.memo_key is runtime_memo:  # planned before against this very runtime version
+            if _checked_runtime(runtime_entry).layout is None:
+                return PlanLookup("no-scheduling", detail="the runtime has no spec.scheduling")
+            detail = "its runtime is not frozen into the TrainJob yet (the reconciler does it)"
+            return PlanLookup("unfrozen", detail=detail)
+        if entry.memo_key is frozen:  # planned before against this very snapshot
             memo: PlanLookup = entry.memo
             return memo
-        if runtime_entry is not None:
-            checked: CheckedRuntime | None = _checked_runtime(runtime_entry)
-        else:
-            assert frozen is not None
-            checked = self.snapshot_runtime(frozen)
-        if checked is None:
-            return PlanLookup("invalid", detail="the runtime snapshot does not parse")
-        trainjob, _ = parse(TrainJob, entry.raw)
-        if trainjob is None:
-            lookup = PlanLookup("invalid", detail=f'TrainJob "{namespace}/{name}" does not parse')
-        else:
-            try:
-                plan = build_plan(trainjob, checked)
-                lookup = (
-                    PlanLookup("ok", plan, trainjob=trainjob, runtime=checked)
-                    if plan
-                    else PlanLookup("no-scheduling", detail="the runtime has no spec.scheduling")
-                )
-            except PlanningError as err:
-                lookup = PlanLookup("invalid", detail=str(err.errors[0]))
-        entry.memo, entry.memo_key = lookup, runtime_memo
+        lookup = self._plan_frozen(namespace, name, entry.raw, frozen)
+        entry.memo, entry.memo_key = lookup, frozen
         return lookup
 
-    def snapshot_runtime(self, text: str) -> CheckedRuntime | None:
-        """A frozen runtime, checked once per distinct snapshot (TrainJobs of one runtime
-        version share the text)."""
-        checked = self._snapshots.get(text)
+    def _plan_frozen(self, namespace: str, name: str, raw: Any, frozen: str) -> PlanLookup:
+        read = self.snapshot_runtime(frozen)
+        if read is None:
+            return PlanLookup("invalid", detail="the runtime snapshot does not parse")
+        version, checked = read
         if checked is None:
-            runtime = from_text(text)
-            if runtime is None:
+            detail = "the TrainJob started without a gang and keeps none (frozen)"
+            return PlanLookup("frozen-no-gang", detail=detail)
+        trainjob, _ = parse(TrainJob, raw)
+        if trainjob is None:
+            return PlanLookup("invalid", detail=f'TrainJob "{namespace}/{name}" does not parse')
+        try:
+            plan = build_plan(trainjob, checked, version)
+        except PlanningError as err:
+            return PlanLookup("invalid", detail=str(err.errors[0]))
+        if plan is None:
+            return PlanLookup("no-scheduling", detail="the runtime has no spec.scheduling")
+        return PlanLookup("ok", plan, trainjob=trainjob, runtime=checked)
+
+    def snapshot_runtime(self, text: str) -> tuple[int, CheckedRuntime | None] | None:
+        """A frozen runtime and its plan version, checked once per distinct snapshot (TrainJobs
+        of one runtime version share the text); None when it does not parse. A runtime of None
+        is a frozen "no gang"."""
+        read = self._snapshots.get(text)
+        if read is None:
+            found: Frozen | None = from_text(text)
+            if found is None:
                 return None
-            checked = check_stored_runtime(runtime)
+            checked = check_stored_runtime(found.runtime) if found.runtime else None
+            read = (found.version, checked)
             if len(self._snapshots) >= 1024:
                 self._snapshots.pop(next(iter(self._snapshots)))
-            self._snapshots[text] = checked
-        return checked
+            self._snapshots[text] = read
+        return read
 
     def _runtime_store(self, kind: str | None) -> Store | None:
         if kind in (None, "", CLUSTER_RUNTIME_KIND):

@@ -33,6 +33,7 @@ from ..core.trainer import TrainJob
 from ..core.validation import CheckedRuntime
 from ..kube.cache import Cache, EventType, Key, key_of
 from ..kube.events import EventRecorder
+from ..kube.gangpods import LIVE, PENDING
 from ..kube.rest import status_message
 from ..kube.writer import ApiWriter
 from .changes import Changes
@@ -54,16 +55,22 @@ class ReconcilerSettings:
     workers: int = 4
     resync_period: float = 600.0  # every TrainJob again, in case an event was missed
     conflict_retry: float = 60.0  # a foreign object holds our name: look again this much later
-    wait_retry: float = 1.0  # an object is being deleted, or the cache has not caught up
+    wait_retry: float = 1.0  # an object is being deleted, or the cache has not caught up:
+    wait_max: float = 60.0  # the first look again after wait_retry, doubling up to wait_max
     gc_grace: float = 2.0  # after someone else deleted one of ours, before looking again
 
 
 @dataclass(frozen=True)
 class Result:
     requeue_after: float | None = None
+    wait: bool = False
+    """Look again after the TrainJob's own backoff: wait_retry, doubling while it keeps waiting
+    (an object that stays Terminating as long as its pods' grace period is never polled at a
+    fixed rate)."""
 
 
 DONE = Result()
+WAIT = Result(wait=True)
 
 
 class Reconciler:
@@ -95,6 +102,7 @@ class Reconciler:
         # Snapshots written, until the watch brings them: TrainJob -> (uid, when, snapshot).
         self._snapshots: dict[Key, tuple[str, float, str]] = {}
         self._waiting: dict[tuple[str, str, str], set[Key]] = {}  # runtime -> TrainJobs
+        self._waits: dict[Key, int] = {}  # TrainJob -> passes in a row that ended waiting
         self.stood_down: set[Key] = set()  # TrainJobs another controller schedules
         self.without_backend: dict[str, set[Key]] = {}  # backend -> TrainJobs its API would serve
         cache.trainjobs.subscribe(self._trainjob_changed)
@@ -102,8 +110,9 @@ class Reconciler:
             store.subscribe(functools.partial(self._owned_changed, kind))
         cache.cluster_runtimes.subscribe(self._runtime_changed)
         cache.training_runtimes.subscribe(self._runtime_changed)
-        if status is not None and status.pods is not None:
-            status.pods.subscribe(self._pods_changed)
+        self._pods = status.pods if status is not None else None
+        if self._pods is not None:
+            self._pods.subscribe(self._pods_changed)
 
     # --- running -------------------------------------------------------------------------------
 
@@ -189,6 +198,13 @@ class Reconciler:
             result = await self._reconcile(key, changes)
         finally:  # also after a failure part way: what was done is told
             changes.record(self.events)
+        if result.wait:
+            waited = self._waits.get(key, 0)
+            self._waits[key] = waited + 1
+            delay = self.settings.wait_retry * 2.0 ** min(waited, 32)
+            result = Result(min(self.settings.wait_max, delay))
+        else:
+            self._waits.pop(key, None)
         if self.status is not None:
             again = await self.status.sync(key, changes.outcome)
             if again is not None and (result.requeue_after is None or again < result.requeue_after):
@@ -209,12 +225,18 @@ class Reconciler:
         if not self._known_everywhere():
             # An API just served (discovery): until its watches have listed, the cache cannot
             # tell what exists, and every create (or removal) would be a guess.
-            return Result(self.settings.wait_retry)
+            return WAIT
+        if _meta(raw).get("deletionTimestamp"):
+            # Being deleted (a foreground delete, another controller's finalizer): nothing is
+            # made for it; the garbage collector removes what it owns.
+            note = "the TrainJob is being deleted: no gang objects are made for it"
+            _blocked(changes, self.events, raw, "TrainJobDeleting", note)
+            return DONE
         frozen = self._frozen(key, raw, trainjob.metadata.uid)
-        runtime = self.cache.snapshot_runtime(frozen) if frozen is not None else None
+        read = self.cache.snapshot_runtime(frozen) if frozen is not None else None
         no_gang = no_gang_reason(trainjob)
         plan: Plan | None = None
-        if runtime is None:
+        if read is None:
             if is_finished(trainjob) and not self._owned(trainjob.metadata.uid):
                 return DONE  # finished before we ever saw it: nothing to make or remove
             # Suspended ones too (Kueue creates TrainJobs suspended): the runtime is frozen when
@@ -223,18 +245,29 @@ class Reconciler:
             if isinstance(taken, Result):
                 return taken
             runtime, plan = taken
-        try:
-            if plan is None:
-                plan = build_plan(trainjob, runtime)
-        except PlanningError as err:
-            note = f"cannot plan its gang: {err.errors[0]}"
-            _blocked(changes, self.events, raw, "InvalidScheduling", note)
-            return DONE
+            try:
+                plan = plan or build_plan(trainjob, runtime)
+            except PlanningError as err:
+                note = f"cannot plan its gang: {err.errors[0]}"
+                _blocked(changes, self.events, raw, "InvalidScheduling", note)
+                return DONE
+        else:
+            version, frozen_runtime = read
+            if frozen_runtime is None:  # it started without a gang: it keeps none
+                return await self._remove_all(raw, "it started without a gang", False, changes)
+            runtime = frozen_runtime
+            try:
+                plan = build_plan(trainjob, runtime, version)
+            except PlanningError as err:
+                note = f"cannot plan its gang: {err.errors[0]}"
+                _blocked(changes, self.events, raw, "InvalidScheduling", note)
+                return DONE
         if plan is not None and no_gang is not None:
             changes.outcome = Outcome(lifecycle_of(trainjob))
         if plan is None or no_gang is not None:
             why = no_gang or "the runtime has no spec.scheduling"
             return await self._remove_all(raw, why, False, changes)
+        plan = plan.at_attempt(self._attempt(key))
         backend = self._backend(key, raw, plan, changes)
         if backend is None:
             if self.backends.for_plan(plan) is None:
@@ -297,6 +330,7 @@ class Reconciler:
 
     def _forget(self, key: Key) -> None:
         self._snapshots.pop(key, None)
+        self._waits.pop(key, None)
         self.stood_down.discard(key)
         for keys in self.without_backend.values():
             keys.discard(key)
@@ -323,9 +357,11 @@ class Reconciler:
         planned again to say why); a Result when there is nothing to do yet."""
         kind, ref = trainjob.runtime_kind, trainjob.spec.runtime_ref.name or ""
         checked = self.cache.runtime(kind, trainjob.namespace, ref)
+        runtime_key = (kind, trainjob.namespace if kind == "TrainingRuntime" else "", ref)
         if checked is None or checked.layout is None or not checked.verdict.allowed:
-            runtime_key = (kind, trainjob.namespace if kind == "TrainingRuntime" else "", ref)
-            self._waiting.setdefault(runtime_key, set()).add(key)  # a runtime change retries
+            # A runtime change looks again: also for one without spec.scheduling, whose
+            # TrainJob's pods the pod webhook holds as soon as the runtime gains it.
+            self._waiting.setdefault(runtime_key, set()).add(key)
             if checked is None:
                 note = f'{kind} "{ref}" not found; waiting for it'
                 _blocked(changes, self.events, raw, "RuntimeNotFound", note)
@@ -333,12 +369,20 @@ class Reconciler:
                 note = f"{kind} {ref!r} is invalid: {checked.verdict.errors[0]}"
                 _blocked(changes, self.events, raw, "InvalidRuntime", note)
             return DONE  # no spec.scheduling: not ours
+        untied = self._untied_pods(key)
+        if untied is None:
+            return WAIT  # the pod watch has not listed: whether pods run loose is not known
+        if untied:
+            # Its pods already run without a group (its runtime gained spec.scheduling while it
+            # ran): a gang now would half-group it and hold its new pods for ever. Freeze "no
+            # gang", as KEP-5547 does for a Job with pods (MixedSchedulingGroup).
+            return await self._freeze_no_gang(key, raw, trainjob, untied, changes)
         try:
             plan = build_plan(trainjob, checked)
         except PlanningError:
             plan = None  # said after the snapshot, from the frozen runtime
-        if plan is not None and self._backend(key, raw, plan, changes) is None:
-            return DONE  # a TrainJob this service cannot gang now: leave it untouched
+        # Frozen even when its backend's API is not served (yet): the pod webhook holds its
+        # pods with that reason, and the gang is made once the API is there.
         assert trainjob.metadata.uid is not None
         namespace, name = key
         text = snapshot(checked.runtime)
@@ -346,7 +390,7 @@ class Reconciler:
             await self.writer.snapshot_runtime(namespace, name, trainjob.metadata.uid, text)
         except ApiException as err:
             if err.status in (404, 409, 422):  # gone, or another TrainJob now has the name
-                return Result(self.settings.wait_retry)
+                return WAIT
             raise
         self._snapshots[key] = (trainjob.metadata.uid, self.clock(), text)
         log.info(
@@ -354,6 +398,45 @@ class Reconciler:
             extra={"fields": {"trainjob": "/".join(key), "runtime": f"{kind}/{ref}"}},
         )
         return checked, plan
+
+    async def _freeze_no_gang(
+        self, key: Key, raw: JsonObject, trainjob: TrainJob, untied: int, changes: Changes
+    ) -> Result:
+        assert trainjob.metadata.uid is not None
+        try:
+            await self.writer.snapshot_runtime(*key, trainjob.metadata.uid, snapshot(None))
+        except ApiException as err:
+            if err.status in (404, 409, 422):  # gone, or another TrainJob now has the name
+                return WAIT
+            raise
+        note = (
+            f"{untied} of its pods already run without a group: it keeps running without a "
+            "gang (a gang now would hold its next pods for ever)"
+        )
+        changes.warn(self.events, raw, "MixedSchedulingGroup", "Reconcile", note)
+        return DONE
+
+    def _untied_pods(self, key: Key) -> int | None:
+        """The TrainJob's pending or running pods without a scheduling group (None while the
+        pod watch has not listed). Without a pod watch (a reconciler built without the status
+        writer, in tests) no pods are known."""
+        pods = self._pods
+        if pods is None:
+            return 0
+        return pods.untied(*key) if pods.synced else None
+
+    def _has_pods(self, key: Key) -> bool | None:
+        """Whether the TrainJob has pods that are pending or running (None: not known yet)."""
+        pods = self._pods
+        if pods is None:
+            return False
+        if not pods.synced:
+            return None
+        return any(job.counts[PENDING] or job.counts[LIVE] for job in pods.jobs(*key).values())
+
+    def _attempt(self, key: Key) -> int:
+        """The JobSet restart attempt of the TrainJob's newest pods (0 before any)."""
+        return self._pods.attempt(*key) if self._pods is not None else 0
 
     async def _converge(
         self, trainjob: JsonObject, plan: Plan, backend: GangBackend, changes: Changes
@@ -372,7 +455,7 @@ class Reconciler:
         kind = self.cache.missing_kind(backend, plan)
         if kind is not None:
             if self.cache.kind_states.get(kind) != "not-served":
-                return Result(self.settings.wait_retry)  # discovery has not said yet
+                return WAIT  # discovery has not said yet
             note = (
                 f"its plan needs {kind.kind}s, which the cluster does not serve "
                 f"({kind.group_version}: is the feature gate on?): no gang until it does"
@@ -406,6 +489,8 @@ class Reconciler:
                     try:
                         stored = await self._create(trainjob, kind, desired, changes)
                     except ApiException as err:
+                        if _namespace_terminating(err):
+                            return DONE  # nothing can be made there again: no Event, no retry
                         if err.status not in (400, 403, 422):
                             raise
                         # Refused as it is (another scheduler's webhook: a closed queue, a
@@ -414,7 +499,7 @@ class Reconciler:
                         _blocked(changes, self.events, trainjob, "Refused", note, "Create")
                         return Result(self.settings.conflict_retry)
                     if stored is None:
-                        return Result(self.settings.wait_retry)
+                        return WAIT
                 else:
                     wait = self._check_ours(trainjob, kind, stored, uid, changes)
                     if wait is not None:
@@ -457,7 +542,7 @@ class Reconciler:
             and owner.get("uid") != uid
         ):
             # Left by an earlier TrainJob of the same name: the garbage collector removes it.
-            return Result(self.settings.wait_retry)
+            return WAIT
         if not controlled_by(stored, uid) or not is_managed(stored):
             note = (
                 f"{kind.kind} {meta.get('name')!r} exists and was not made by this service for "
@@ -466,7 +551,14 @@ class Reconciler:
             _blocked(changes, self.events, trainjob, "Conflict", note)
             return Result(self.settings.conflict_retry)
         if meta.get("deletionTimestamp") or meta.get("uid") in self._deleted:
-            return Result(self.settings.wait_retry)  # going away: recreate after it has gone
+            # Going away: made again once it has gone. A PodGroup stays Terminating while pods
+            # name it (scheduling.k8s.io/podgroup-protection), as long as their grace period.
+            note = (
+                f"{kind.kind} {meta.get('name')!r} of an earlier gang of this TrainJob is still "
+                "being deleted (its pods are terminating); it is made again once it is gone"
+            )
+            _blocked(changes, self.events, trainjob, "PodGroupCleanupBlocked", note)
+            return WAIT
         return None
 
     async def _apply_drift(
@@ -488,11 +580,23 @@ class Reconciler:
                 )
             except ApiException as err:
                 if err.status in (404, 409, 422):  # changed or gone meanwhile: look again
-                    return Result(self.settings.wait_retry)
+                    return WAIT
                 raise
             note = f"{kind.kind} {meta['name']!r} updated in place: {drift.reason}"
             changes.add(trainjob, "Updated", "Update", note)
         elif drift.kind == "recreate":
+            key = (meta.get("namespace", ""), _meta(trainjob).get("name", ""))
+            in_use = self._has_pods(key)
+            if in_use is None:
+                return WAIT  # the pod watch has not listed: whether pods use it is not known
+            if in_use:
+                # Never tear down a gang its pods use (LWS, KEP-5547): say so, and leave it.
+                note = (
+                    f"{kind.kind} {meta.get('name')!r} differs from the plan ({drift.reason}) "
+                    "but the TrainJob's pods use it: not recreated while they run"
+                )
+                _blocked(changes, self.events, trainjob, "DriftHeld", note)
+                return DONE
             why = f"{kind.kind} drifted: {drift.reason}"
             return await self._remove_all(trainjob, why, True, changes)
         return None
@@ -510,7 +614,7 @@ class Reconciler:
                 if is_managed(obj) and _meta(obj).get("uid") not in self._deleted:
                     await self._delete(trainjob, kind, obj, why, changes)
                     removed = True
-        return Result(self.settings.wait_retry) if removed and recreate else DONE
+        return WAIT if removed and recreate else DONE
 
     async def _create(
         self, trainjob: JsonObject, kind: Kind, obj: JsonObject, changes: Changes
@@ -664,6 +768,14 @@ def _blocked(
 def _meta(obj: JsonObject) -> JsonObject:
     meta = obj.get("metadata")
     return meta if isinstance(meta, dict) else {}
+
+
+def _namespace_terminating(err: ApiException) -> bool:
+    """A 403 for a create in a namespace being deleted (the NamespaceLifecycle plugin)."""
+    if err.status != 403:
+        return False
+    cause = "NamespaceTerminating"
+    return cause in str(err.body or "") or "because it is being terminated" in status_message(err)
 
 
 def _describe(err: BaseException) -> str:

@@ -9,6 +9,7 @@ through no FastAPI routing or middleware.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -144,7 +145,9 @@ class AdmissionEndpoint:
         review: Review | None = None
         try:
             review = parse(body)
-            decision = self.webhook.judge(review) or self.webhook.handler(review, self.cache)
+            judged = self.webhook.judge(review) or self.webhook.handler(review, self.cache)
+            # A handler answers from the cache; only the pod webhook's rare live read awaits.
+            decision = await judged if inspect.isawaitable(judged) else judged
             uid = review.uid
         except BadReview as err:
             if err.uid is None:  # nothing to answer a review with: a plain 400

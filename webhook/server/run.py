@@ -36,6 +36,7 @@ from ..kube.events import EventRecorder
 from ..kube.feasibility import Mode
 from ..kube.gangpods import GangPods
 from ..kube.leader import LeaderElector, LeaseSettings
+from ..kube.lookup import TrainJobLookup, api_ask
 from ..kube.writer import ApiWriter, WriterSettings
 from ..metrics.app import Checker, MetricsApp, NoCluster
 from ..metrics.auth import Authorizer, AuthSettings
@@ -363,6 +364,8 @@ async def serve(settings: Settings) -> None:
     tls = certs.tls
     cache = Cache(connected=api is not None, backends=backends)
     cache.feasibility.mode = settings.feasibility
+    if api is not None:
+        cache.trainjob_lookup = TrainJobLookup(api_ask(api))
     GangTracker(metrics, cache)
     FeasibilityCollector(metrics, cache)
     authorizer: Checker | None = None
