@@ -1,0 +1,392 @@
+"""A gang stays whole through a TrainJob's life (issue 26), over real connections: the API
+emulator over HTTP (PodGroup protection finalizer, pods' grace periods, immutable gang specs,
+garbage collection; tests/kube_emulator.py), the reconciler with its status writer and pod watch
+(`tests/test_status.py:Service`), and the pod webhook over HTTPS in front of the same cache.
+
+The Job controller is played by `Jobs.create_pod`: it sends the pod's AdmissionReview, creates
+the pod as admitted (patch applied) or counts it held (denied: a Job controller retries). Each
+scenario ends with every live pod tied to a live PodGroup of its own incarnation, or held and
+said, and without Created/Deleted churn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import copy
+import ssl
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import jsonpatch
+import orjson
+import pytest
+
+from tests.harness import fixture, free_port, make_certs
+from tests.kube_emulator import (
+    CLUSTER_RUNTIMES,
+    POD_GROUPS,
+    PODS,
+    TRAINJOBS,
+    WORKLOADS,
+    VersionedEmulator,
+    create,
+    delete,
+    emulator,
+    eventually,
+    patch,
+)
+from tests.test_reconciler import NAME, NS, cluster_runtime, events, stored, trainjob
+from tests.test_status import NUM_NODES, Service
+from webhook.admission.handlers import HOLD_CODE
+from webhook.core import naming
+from webhook.core.snapshot import SNAPSHOT_ANNOTATION
+from webhook.kube.lookup import TrainJobLookup, api_ask
+from webhook.server.run import Service as WebhookService
+from webhook.server.run import Settings
+from webhook.tls.reload import ReloadingContext
+
+pytestmark = pytest.mark.asyncio
+POD_PATH = "/mutate--v1-pod"
+REVIEW = fixture("pod-create-by-job-controller.mutate.json")
+
+
+@contextlib.asynccontextmanager
+async def webhook(service: Service, cert_dir: Path) -> AsyncIterator[httpx.AsyncClient]:
+    """The service's webhooks over HTTPS, on this loop, answering from `service.cache`."""
+    make_certs(cert_dir)
+    settings = Settings(
+        host="127.0.0.1",
+        port=free_port(),
+        health_port=free_port(),
+        metrics_port=free_port(),
+        metrics_auth=None,
+        cert_dir=cert_dir,
+        shutdown_timeout=2.0,
+    )
+    tls = ReloadingContext(cert_dir / "tls.crt", cert_dir / "tls.key")
+    tls.reload()
+    server = WebhookService(settings, service.cache, tls, None)
+    task = asyncio.create_task(server.run([]))
+    verify = ssl.create_default_context(cafile=str(cert_dir / "ca.crt"))
+    health = f"http://127.0.0.1:{settings.health_port}/readyz"
+    async with httpx.AsyncClient(timeout=10) as probe:
+
+        async def ready() -> bool:
+            with contextlib.suppress(httpx.HTTPError):
+                return (await probe.get(health)).status_code == 200
+            return False
+
+        await eventually(ready, "the webhook ready")
+    url = f"https://localhost:{settings.port}"
+    try:
+        async with httpx.AsyncClient(base_url=url, verify=verify, timeout=10) as client:
+            yield client
+    finally:
+        server.stop()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+class Jobs:
+    """The Job controller's pod creations, through the pod webhook."""
+
+    def __init__(self, k: VersionedEmulator, client: httpx.AsyncClient) -> None:
+        self.k = k
+        self.client = client
+        self.made = 0
+        self.held: list[str] = []  # the denials' messages
+
+    async def create_pod(
+        self, index: int, attempt: int = 0, trainjob: str = NAME
+    ) -> dict[str, Any] | None:
+        """Pod `index` of the node Job (one pod each in this runtime's level-1 gang); the pod as
+        stored, or None when the webhook held it."""
+        doc = copy.deepcopy(REVIEW)
+        request = doc["request"]
+        pod = request["object"]
+        self.made += 1
+        pod["metadata"]["name"] = f"{trainjob}-node-0-{index}-{self.made}"
+        labels = pod["metadata"]["labels"]
+        labels["jobset.sigs.k8s.io/jobset-name"] = trainjob
+        labels["jobset.sigs.k8s.io/restart-attempt"] = str(attempt)
+        request["uid"] = f"review-{self.made}"
+        answer = (await self.client.post(POD_PATH, content=orjson.dumps(doc))).json()["response"]
+        if not answer["allowed"]:
+            assert answer["status"]["code"] == HOLD_CODE, answer
+            self.held.append(answer["status"]["message"])
+            return None
+        if "patch" in answer:
+            ops = orjson.loads(base64.b64decode(answer["patch"]))
+            pod = jsonpatch.apply_patch(pod, ops)
+        pod["spec"]["nodeName"] = "node-1"  # bound, so its deletion waits for its grace
+        pod["metadata"].pop("generateName", None)
+        created: dict[str, Any] = await create(self.k, PODS, pod)
+        return created
+
+    async def gang(self, attempt: int = 0, trainjob: str = NAME) -> list[dict[str, Any] | None]:
+        return [await self.create_pod(i, attempt, trainjob) for i in range(NUM_NODES)]
+
+
+def group_of(pod: dict[str, Any] | None) -> str | None:
+    group = (pod or {}).get("spec", {}).get("schedulingGroup")
+    return group.get("podGroupName") if isinstance(group, dict) else None
+
+
+def pod_group(k: VersionedEmulator, name: str) -> dict[str, Any] | None:
+    return stored(k, POD_GROUPS, name)
+
+
+def live_pod_groups(k: VersionedEmulator) -> list[dict[str, Any]]:
+    return [
+        o.raw
+        for (r, _, _), o in list(k.objects.items())
+        if r == POD_GROUPS and not o.deleted and not o.raw["metadata"].get("deletionTimestamp")
+    ]
+
+
+def owner_uid(obj: dict[str, Any]) -> str:
+    refs = obj["metadata"].get("ownerReferences") or []
+    return next((r["uid"] for r in refs if r.get("controller")), "")
+
+
+async def the_gang_of(k: VersionedEmulator, uid: str, attempt: int = 0) -> dict[str, Any]:
+    """The live PodGroup of the TrainJob with `uid` in restart attempt `attempt`."""
+    want = naming.for_attempt(naming.workload_name(NS, NAME, uid), attempt)
+
+    def made() -> dict[str, Any] | None:
+        found = pod_group(k, want)
+        if found is None or found["metadata"].get("deletionTimestamp"):
+            return None
+        return found if owner_uid(found) == uid else None
+
+    found: dict[str, Any] = await eventually(made, f"PodGroup {want}")
+    return found
+
+
+@contextlib.asynccontextmanager
+async def cluster(tmp_path: Path, **service: Any) -> AsyncIterator[tuple[Service, Jobs]]:
+    async with emulator() as (k, url):
+        k.pod_grace = True  # pods on a node stay Terminating until finished, as kubelets do
+        s = Service(k, url, **service)
+        try:
+            async with webhook(s, tmp_path / "certs") as client:
+                yield s, Jobs(k, client)
+        finally:
+            await s.stop()
+
+
+async def a_running_gang(s: Service, jobs: Jobs) -> tuple[str, dict[str, Any]]:
+    """The runtime, the TrainJob and its 4 pods, each tied to the gang: (uid, PodGroup)."""
+    await create(s.k, CLUSTER_RUNTIMES, cluster_runtime())
+    tj = await create(s.k, TRAINJOBS, trainjob() | {})
+    uid = tj["metadata"]["uid"]
+    group = await the_gang_of(s.k, uid)
+    pods = await jobs.gang()
+    assert [group_of(p) for p in pods] == [group["metadata"]["name"]] * NUM_NODES
+    return uid, group
+
+
+async def pods_gone(k: VersionedEmulator) -> None:
+    """The kubelets stop the Terminating pods' containers."""
+    await k.finish_pods(NS)
+
+
+def tied_pods(k: VersionedEmulator) -> dict[str, str | None]:
+    return {
+        o.raw["metadata"]["name"]: group_of(o.raw)
+        for (r, _, _), o in list(k.objects.items())
+        if r == PODS and not o.deleted and not o.raw["metadata"].get("deletionTimestamp")
+    }
+
+
+# --- re-apply under the same name --------------------------------------------------------------
+
+
+async def test_a_trainjob_re_applied_under_its_name_gets_a_gang_of_its_own(tmp_path: Path) -> None:
+    """Deleted while its pods are in their grace period (its PodGroup stays Terminating: they
+    name it) and applied again at once: the new TrainJob's PodGroup has another name, so it is
+    made at once and its pods never meet the old one."""
+    async with cluster(tmp_path) as (s, jobs):
+        old_uid, old_group = await a_running_gang(s, jobs)
+        await delete(s.k, TRAINJOBS, NAME, NS)
+        # The garbage collector deletes the PodGroup; its pods still name it, so it stays.
+        for o in [o for (r, _, _), o in list(s.k.objects.items()) if r == PODS]:
+            await delete(s.k, PODS, o.raw["metadata"]["name"], NS)
+
+        def terminating() -> bool:
+            found = pod_group(s.k, old_group["metadata"]["name"])
+            return found is not None and bool(found["metadata"].get("deletionTimestamp"))
+
+        await eventually(terminating, "the old PodGroup Terminating")
+        new = await create(s.k, TRAINJOBS, trainjob())
+        new_uid = new["metadata"]["uid"]
+        assert new_uid != old_uid
+        group = await the_gang_of(s.k, new_uid)
+        assert group["metadata"]["name"] != old_group["metadata"]["name"]
+        pods = await jobs.gang()
+        assert [group_of(p) for p in pods] == [group["metadata"]["name"]] * NUM_NODES
+        await pods_gone(s.k)  # the old pods end: the old PodGroup goes
+        await eventually(lambda: pod_group(s.k, old_group["metadata"]["name"]) is None, "gone")
+        assert set(tied_pods(s.k).values()) == {group["metadata"]["name"]}
+        assert not events(s.k, "Deleted"), "nothing of the new TrainJob was deleted"
+
+
+# --- suspend, then resume before the old PodGroup is gone ---------------------------------------
+
+
+async def test_resume_while_the_old_pod_group_terminates_holds_pods_until_it_is_gone(
+    tmp_path: Path,
+) -> None:
+    async with cluster(tmp_path) as (s, jobs):
+        uid, group = await a_running_gang(s, jobs)
+        name = group["metadata"]["name"]
+        await patch(s.k, TRAINJOBS, NAME, {"spec": {"suspend": True}}, NS)
+        # Suspended: the Jobs delete their pods (in their grace period) and the service its
+        # PodGroup, which stays Terminating while they name it.
+        for o in [o for (r, _, _), o in list(s.k.objects.items()) if r == PODS]:
+            await delete(s.k, PODS, o.raw["metadata"]["name"], NS)
+        await eventually(
+            lambda: bool((pod_group(s.k, name) or {}).get("metadata", {}).get("deletionTimestamp")),
+            "the PodGroup Terminating",
+        )
+        await patch(s.k, TRAINJOBS, NAME, {"spec": {"suspend": False}}, NS)
+        # The resumed Jobs' pods are held: naming the Terminating PodGroup would keep it for ever.
+        assert await jobs.create_pod(0) is None
+        assert "still terminating" in jobs.held[-1]
+        condition = await condition_reason(s.k, "PodGroupCleanupBlocked")
+        assert name in condition["message"]
+        await pods_gone(s.k)  # the old pods end: the old PodGroup goes, the new one is made
+        again = await the_gang_of(s.k, uid)
+        assert again["metadata"]["uid"] != group["metadata"]["uid"]
+        pods = await jobs.gang()
+        assert [group_of(p) for p in pods] == [name] * NUM_NODES
+
+
+async def condition_reason(k: VersionedEmulator, reason: str) -> dict[str, Any]:
+    from tests.test_status import the_condition
+
+    def check() -> dict[str, Any] | None:
+        found = the_condition(k)
+        return found if found is not None and found["reason"] == reason else None
+
+    found: dict[str, Any] = await eventually(check, f"GangScheduling reason {reason}")
+    return found
+
+
+# --- a JobSet restart ---------------------------------------------------------------------------
+
+
+async def test_a_jobset_restart_is_a_new_gang_admitted_whole(tmp_path: Path) -> None:
+    """JobSet deletes every Job and makes them again with restart-attempt + 1: the new pods
+    name the restart's own PodGroup (made once the pod watch sees them), never the old gang's,
+    which goes once the old pods have ended."""
+    async with cluster(tmp_path) as (s, jobs):
+        uid, first = await a_running_gang(s, jobs)
+        for o in [o for (r, _, _), o in list(s.k.objects.items()) if r == PODS]:
+            await delete(s.k, PODS, o.raw["metadata"]["name"], NS)
+        pods = await jobs.gang(attempt=1)
+        restart = naming.for_attempt(first["metadata"]["name"], 1)
+        assert [group_of(p) for p in pods] == [restart] * NUM_NODES
+        group = await the_gang_of(s.k, uid, attempt=1)
+        assert group["spec"]["schedulingPolicy"] == {"gang": {"minCount": NUM_NODES}}
+        await pods_gone(s.k)
+        await eventually(lambda: pod_group(s.k, first["metadata"]["name"]) is None, "old gone")
+        assert set(tied_pods(s.k).values()) == {restart}
+        assert [p["metadata"]["name"] for p in live_pod_groups(s.k)] == [restart]
+
+
+# --- a forged or leftover PodGroup with the computed name ----------------------------------------
+
+
+async def test_a_forged_pod_group_with_the_computed_name_holds_the_pods_and_is_said(
+    tmp_path: Path,
+) -> None:
+    async with cluster(tmp_path, served=False) as (s, jobs):
+        await create(s.k, CLUSTER_RUNTIMES, cluster_runtime())
+        tj = await create(s.k, TRAINJOBS, trainjob())
+        uid = tj["metadata"]["uid"]
+        await eventually(
+            lambda: (
+                SNAPSHOT_ANNOTATION
+                in (stored(s.k, TRAINJOBS, NAME) or {})["metadata"].get("annotations", {})
+            ),
+            "the runtime frozen",
+        )
+        name = naming.workload_name(NS, NAME, uid)
+        forged = {
+            "apiVersion": "scheduling.k8s.io/v1beta1",
+            "kind": "PodGroup",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {"schedulingPolicy": {"gang": {"minCount": 1}}},
+        }
+        await create(s.k, POD_GROUPS, forged)
+        s.cache.apis["native"] = "served"
+        s.reconciler.resync()
+        await condition_reason(s.k, "NameConflict")
+        assert await jobs.create_pod(0) is None
+        assert "is not this TrainJob's" in jobs.held[-1]
+        kept = pod_group(s.k, name) or {}
+        assert owner_uid(kept) == "" and kept["spec"]["schedulingPolicy"]["gang"]["minCount"] == 1
+
+
+# --- a pod before its TrainJob is in the cache ---------------------------------------------------
+
+
+async def test_a_pod_before_its_trainjob_is_cached_is_held_on_every_replica(tmp_path: Path) -> None:
+    """A second replica whose TrainJob watch lags: it asks the API server, which has the
+    TrainJob, and holds the pod; a JobSet pod without a TrainJob passes untouched."""
+    async with cluster(tmp_path) as (s, jobs):
+        _, group = await a_running_gang(s, jobs)
+        lagging = s.cache.trainjobs.get(NS, NAME)
+        assert lagging is not None
+        s.cache.trainjobs.replace([])  # this replica's watch has not brought it
+        s.cache.trainjob_lookup = TrainJobLookup(api_ask(s.api))
+        assert await jobs.create_pod(0) is None
+        assert "not in this replica's cache yet" in jobs.held[-1]
+        plain = await jobs.create_pod(0, trainjob="plain-jobset")
+        assert plain is not None and group_of(plain) is None
+        s.cache.trainjobs.replace([lagging.raw])  # caught up: tied as on the other replica
+        pod = await jobs.create_pod(1)
+        assert group_of(pod) == group["metadata"]["name"]
+
+
+# --- an upgrade with a changed plan while gangs run ---------------------------------------------
+
+
+async def test_an_upgrade_keeps_a_running_gangs_names_and_never_tears_it_down(
+    tmp_path: Path,
+) -> None:
+    """A TrainJob frozen by an earlier release (a version-1 snapshot: the bare runtime) keeps
+    the names that release gave, so its running pods keep their gang."""
+    async with cluster(tmp_path) as (s, jobs):
+        await create(s.k, CLUSTER_RUNTIMES, cluster_runtime())
+        legacy = orjson.dumps(cluster_runtime()).decode()
+        tj = trainjob()
+        tj["metadata"]["annotations"] = {SNAPSHOT_ANNOTATION: legacy}
+        created = await create(s.k, TRAINJOBS, tj)
+        name = naming.workload_name(NS, NAME)  # version 1: no incarnation in the name
+        await eventually(lambda: pod_group(s.k, name) is not None, "the legacy-named PodGroup")
+        pods = await jobs.gang()
+        assert [group_of(p) for p in pods] == [name] * NUM_NODES
+        assert owner_uid(pod_group(s.k, name) or {}) == created["metadata"]["uid"]
+        assert not events(s.k, "Deleted")
+
+
+# --- a foreground delete ------------------------------------------------------------------------
+
+
+async def test_a_trainjob_being_deleted_gets_nothing_made(tmp_path: Path) -> None:
+    async with cluster(tmp_path, served=False) as (s, _):
+        await create(s.k, CLUSTER_RUNTIMES, cluster_runtime())
+        tj = trainjob()
+        tj["metadata"]["finalizers"] = ["example.com/keep"]  # another controller's
+        await create(s.k, TRAINJOBS, tj)
+        await delete(s.k, TRAINJOBS, NAME, NS)
+        s.cache.apis["native"] = "served"
+        s.reconciler.resync()
+        await condition_reason(s.k, "TrainJobDeleting")
+        assert not [o for (r, _, _), o in list(s.k.objects.items()) if r in (WORKLOADS, POD_GROUPS)]
+        assert not events(s.k, "Created")
