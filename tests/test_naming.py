@@ -84,3 +84,71 @@ def test_names_at_the_63_character_boundary_are_pinned() -> None:
     assert naming.pod_group_name(fits, "node-d1c371e3b1") == fits + "-node-d1c371e3b1"
     assert naming.pod_group_name(fits + "x", "node-d1c371e3b1") == fits + "x-1db2e9842e"
     assert naming.pod_group_name("a" * 60, "node-d1c371e3b1") == "a" * 52 + "-6fb260aae8"
+
+
+# --- plan version 2: incarnations (issue 26) ----------------------------------------------------
+
+UID_A = "cc796b1d-9ea6-4b50-811c-c860fd20eaa5"
+UID_B = "0b8f5a4e-1f0e-4a53-9d3c-5d7d0c1b2a39"
+
+
+def test_version_2_names_are_pinned_and_carry_the_trainjobs_uid() -> None:
+    # Pinned like the legacy names: running TrainJobs' pods point at these.
+    assert (
+        naming.workload_name("team-a", "my-job", UID_A)
+        == "my-job-" + hashlib.sha1(f"TrainJob/team-a/my-job@{UID_A}".encode()).hexdigest()[:10]
+    )
+    template = "node-d1c371e3b1"
+    digest = hashlib.sha1(f"my-job/{template}@{UID_A}".encode()).hexdigest()[:10]
+    assert naming.pod_group_name("my-job", template, UID_A) == f"my-job-{template}-{digest}"
+
+
+@pytest.mark.parametrize("trainjob", ["my-job", "a" * 63, "j" * 40])
+def test_an_incarnation_gives_other_names_that_stay_dns_labels(trainjob: str) -> None:
+    template = naming.group_template_name("team-a", trainjob, ["launcher", "node"])
+    names = [
+        naming.workload_name("team-a", trainjob, UID_A),
+        naming.workload_name("team-a", trainjob, UID_B),
+        naming.pod_group_name(trainjob, template, UID_A),
+        naming.pod_group_name(trainjob, template, UID_B),
+    ]
+    assert len(set(names)) == 4
+    assert naming.workload_name("team-a", trainjob) not in names
+    assert naming.pod_group_name(trainjob, template) not in names
+    assert all(naming.is_dns_label(n) for n in names), names
+
+
+def test_each_restart_attempt_has_a_name_of_its_own() -> None:
+    name = naming.pod_group_name("my-job", "node-d1c371e3b1", UID_A)
+    assert naming.for_attempt(name, 0) == name
+    attempts = [naming.for_attempt(name, a) for a in range(1, 50)]
+    assert len(set(attempts)) == 49 and name not in attempts
+    assert all(naming.is_dns_label(n) for n in attempts)
+    assert naming.is_dns_label(naming.for_attempt("x" * 63, 2**31 - 1))
+
+
+def test_a_restart_attempt_renames_the_pod_groups_not_the_workload_or_templates() -> None:
+    from webhook.core.plan import build_plan
+
+    from .builders import parsed, rj, runtime, torch_node, trainjob
+
+    rt, tj = parsed(
+        runtime(rj("initializer"), torch_node(), scheduling={"replicatedJobs": [
+            {"targetReplicatedJobs": ["initializer"], "schedulingPolicy": {"basic": {}}},
+            {"targetReplicatedJobs": ["node"]},
+        ]}),
+        trainjob(num_nodes=4),
+    )  # fmt: skip
+    tj.metadata.uid = UID_A
+    plan = build_plan(tj, rt)
+    assert plan is not None and plan.plan_version == 2
+    again = plan.at_attempt(3)
+    assert again.attempt == 3 and again.workload_name == plan.workload_name
+    assert [g.template_name for g in again.groups] == [g.template_name for g in plan.groups]
+    assert [g.pod_group_name for g in again.groups] == [
+        naming.for_attempt(g.pod_group_name, 3) for g in plan.groups
+    ]
+    assert again.at_attempt(3) is again
+    legacy = build_plan(tj, rt, plan_version=1)
+    assert legacy is not None and legacy.at_attempt(3) is legacy  # version 1: one set of names
+    assert legacy.workload_name == naming.workload_name(tj.namespace, "my-job")

@@ -34,6 +34,10 @@ class TrainJobLookup:
         self._answers: OrderedDict[tuple[str, str], tuple[float, bool]] = OrderedDict()
         self._asking: dict[tuple[str, str], asyncio.Future[bool | None]] = {}
 
+    def __len__(self) -> int:
+        """The answers kept."""
+        return len(self._answers)
+
     async def exists(self, namespace: str, name: str) -> bool | None:
         """True or False as the API server says; None when it could not be asked."""
         key = (namespace, name)
