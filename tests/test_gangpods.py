@@ -4,6 +4,7 @@ attempt or untied pods), lists replacing a namespace."""
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 from webhook.core.plan import JOB_INDEX, JOBSET_NAME, REPLICATED_JOB_NAME
@@ -242,3 +243,40 @@ def test_pods_of_many_attempts_share_bounded_shapes() -> None:
     job = pods.jobs("ns", "job")[("node", 0)]
     assert len(job._shapes) <= 64 and job.counts == [0, 1, 0, 0]
     assert pods.attempt("ns", "job") == 199 and len(pods) == 1
+
+
+def test_attempt_and_untied_follow_any_sequence_of_events_and_each_change_is_told() -> None:
+    """Against a model that keeps every pod: after each event, the same attempt and untied
+    count, and a listener told whenever either changed."""
+    rng = random.Random(26)
+    pods, heard = GangPods(), []
+    pods.subscribe(lambda ns, name: heard.append((ns, name)))
+    model: dict[str, dict[str, Any]] = {}
+    untied_of: dict[str, bool] = {}  # as first seen: immutable
+    for _ in range(3000):
+        name = f"p{rng.randrange(12)}"
+        before = (pods.attempt("ns", "job"), pods.untied("ns", "job"))
+        heard.clear()
+        if rng.random() < 0.15:
+            pods.apply("DELETED", pod(name))
+            model.pop(name, None)
+            untied_of.pop(name, None)
+        else:
+            raw = pod(
+                name,
+                index=str(rng.randrange(3)),
+                attempt=str(rng.randrange(4)),
+                node=rng.choice([None, "n1"]),
+                phase=rng.choice(["Pending", "Running", "Succeeded", "Failed"]),
+                deleting=rng.random() < 0.2,
+                group=rng.choice([None, "pg"]),
+            )
+            pods.apply("MODIFIED", raw)
+            model[name] = raw
+            untied_of.setdefault(name, "schedulingGroup" not in raw["spec"])
+        present = [(n, r) for n, r in model.items() if state_of(r) in (0, 1)]
+        attempts = [int(r["metadata"]["labels"][RESTART_ATTEMPT]) for _, r in present]
+        after = (max(attempts, default=0), sum(untied_of[n] for n, _ in present))
+        assert (pods.attempt("ns", "job"), pods.untied("ns", "job")) == after
+        if after != before:  # told (twice when its Job label moved: out of one, into another)
+            assert heard and set(heard) == {("ns", "job")}

@@ -81,19 +81,25 @@ class Gang:
     def attempt(self) -> int:
         return max(self.attempts, default=0)  # a few keys: a restart's old and new pods
 
-    def said(self) -> tuple[int, int]:
-        return self.attempt(), self.untied
-
-    def add(self, counted: Counted, sign: int) -> None:
+    def add(self, counted: Counted, sign: int) -> bool:
+        """Counts a pod in (+1) or out (-1); whether attempt() or untied may have changed."""
         _, state, attempt, untied = counted
         if state not in PRESENT:
-            return
-        left = self.attempts.get(attempt, 0) + sign
-        if left:
-            self.attempts[attempt] = left
-        else:
-            del self.attempts[attempt]
-        self.untied += sign if untied else 0
+            return False
+        attempts = self.attempts
+        had = attempts.get(attempt, 0)
+        if had and had + sign:  # its attempt keeps other pods: the newest is the same
+            attempts[attempt] = had + sign
+            moved = False
+        elif sign > 0:  # the first pod of its attempt
+            moved = attempt > self.attempt()
+            attempts[attempt] = 1
+        else:  # the last
+            del attempts[attempt]
+            moved = attempt > self.attempt()
+        if untied:
+            self.untied += sign
+        return moved or untied
 
 
 def state_of(raw: Mapping[str, Any]) -> int:
@@ -241,7 +247,12 @@ class GangPods:
             self._uncount(*pod)
 
     def _count(
-        self, found: Found, state: int, attempt: int, untied: bool | dict[str, Any], tell: bool = True
+        self,
+        found: Found,
+        state: int,
+        attempt: int,
+        untied: bool | dict[str, Any],
+        tell: bool = True,
     ) -> None:
         """Counts a pod where it is now; `untied` is the flag, or the pod to read it from when it
         is not remembered yet (schedulingGroup is immutable: read once)."""
@@ -257,14 +268,13 @@ class GangPods:
                 return
             else:  # the same Job, another state or attempt
                 gang = self._gangs[trainjob]
-                said = gang.said()
-                gang.add(before, -1)
+                moved = gang.add(before, -1)
                 job.counts[was] -= 1
                 job.counts[state] += 1
                 pods[pod] = now = job.shape(state, attempt, untied)
-                gang.add(now, 1)
+                moved = gang.add(now, 1) or moved
                 counted = was != state and (LIVE in (was, state) or SUCCEEDED in (was, state))
-                if tell and (counted or gang.said() != said):
+                if tell and (counted or moved):
                     self._tell(trainjob)
                 return
         flag = untied if isinstance(untied, bool) else is_untied(untied)
@@ -272,11 +282,10 @@ class GangPods:
         job = gang.jobs.get(job_key) or gang.jobs.setdefault(job_key, JobPods(trainjob, job_key))
         if sum(job.counts) >= MAX_PODS_PER_JOB:
             return
-        said = gang.said()
         job.counts[state] += 1
         pods[pod] = now = job.shape(state, attempt, flag)
-        gang.add(now, 1)
-        if tell and (state in (LIVE, SUCCEEDED) or gang.said() != said):
+        moved = gang.add(now, 1)
+        if tell and (state in (LIVE, SUCCEEDED) or moved):
             self._tell(trainjob)
 
     def _uncount(self, namespace: str, pod: int) -> None:
@@ -288,14 +297,13 @@ class GangPods:
             del self._pods_of[namespace]
         job, state = counted[0], counted[1]
         gang = self._gangs[job.trainjob]
-        said = gang.said()
-        gang.add(counted, -1)
+        moved = gang.add(counted, -1)
         job.counts[state] -= 1
         if not any(job.counts):
             del gang.jobs[job.key]
             if not gang.jobs:
                 del self._gangs[job.trainjob]
-        if state in (LIVE, SUCCEEDED) or gang.said() != said:
+        if state in (LIVE, SUCCEEDED) or moved:
             self._tell(job.trainjob)
 
     def _tell(self, key: TrainJobKey) -> None:
