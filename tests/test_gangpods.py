@@ -280,3 +280,16 @@ def test_attempt_and_untied_follow_any_sequence_of_events_and_each_change_is_tol
         assert (pods.attempt("ns", "job"), pods.untied("ns", "job")) == after
         if after != before:  # told (twice when its Job label moved: out of one, into another)
             assert heard and set(heard) == {("ns", "job")}
+
+
+def test_untied_pods_of_the_jobs_a_plan_groups() -> None:
+    """Pods of a ReplicatedJob no group targets rightly have no schedulingGroup: a caller
+    that knows the plan counts only the grouped Jobs'."""
+    pods = GangPods()
+    pods.apply("ADDED", pod("init", rj="dataset-initializer", group=None))
+    pods.apply("ADDED", pod("n0", group=None))
+    pods.apply("ADDED", pod("n1", index="1"))
+    assert pods.untied("ns", "job") == 2
+    assert pods.untied("ns", "job", lambda rj, index: rj == "node") == 1
+    assert pods.untied("ns", "job", lambda rj, index: rj == "node" and index == 1) == 0
+    assert pods.jobs("ns", "job")[("node", 0)].untied == 1

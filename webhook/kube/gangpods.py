@@ -36,12 +36,13 @@ Changed = Callable[[str, str], None]
 
 
 class JobPods:
-    """One Job's pods: counts by state."""
+    """One Job's pods: counts by state, and its untied present pods."""
 
-    __slots__ = ("_shapes", "counts", "key", "trainjob")
+    __slots__ = ("_shapes", "counts", "key", "trainjob", "untied")
 
     def __init__(self, trainjob: TrainJobKey, key: JobKey) -> None:
         self.counts = [0, 0, 0, 0]  # PENDING, LIVE, SUCCEEDED, LOST
+        self.untied = 0  # pending or live pods without spec.schedulingGroup
         self.trainjob = trainjob
         self.key = key
         # What each of its pods is remembered as, shared by its pods: no object per pod.
@@ -83,7 +84,7 @@ class Gang:
 
     def add(self, counted: Counted, sign: int) -> bool:
         """Counts a pod in (+1) or out (-1); whether attempt() or untied may have changed."""
-        _, state, attempt, untied = counted
+        job, state, attempt, untied = counted
         if state not in PRESENT:
             return False
         attempts = self.attempts
@@ -99,6 +100,7 @@ class Gang:
             moved = attempt > self.attempt()
         if untied:
             self.untied += sign
+            job.untied += sign
         return moved or untied
 
 
@@ -200,10 +202,18 @@ class GangPods:
         gang = self._gangs.get((namespace, jobset))
         return gang.attempt() if gang is not None else 0
 
-    def untied(self, namespace: str, jobset: str) -> int:
-        """Its pending or live pods that have no `spec.schedulingGroup`."""
+    def untied(
+        self, namespace: str, jobset: str, grouped: Callable[[str, int], bool] | None = None
+    ) -> int:
+        """Its pending or live pods that have no `spec.schedulingGroup`; with `grouped`, only
+        those of the Jobs (ReplicatedJob, index) it says have a group (the plan's: pods of an
+        untargeted ReplicatedJob have none, rightly). Work in its Jobs, not its pods."""
         gang = self._gangs.get((namespace, jobset))
-        return gang.untied if gang is not None else 0
+        if gang is None or not gang.untied:
+            return 0
+        if grouped is None:
+            return gang.untied
+        return sum(job.untied for key, job in gang.jobs.items() if job.untied and grouped(*key))
 
     def trim(self, raw: dict[str, Any]) -> dict[str, Any]:
         """A listed pod as what is counted of it (the list holds every page until its end)."""
