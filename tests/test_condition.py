@@ -115,6 +115,9 @@ def test_lifecycle_wins_and_is_never_degraded(lifecycle: Any, expected: str | No
         ("GangKindUnavailable", c.GANG_API_UNAVAILABLE),
         ("Conflict", c.NAME_CONFLICT),
         ("Refused", c.CREATE_REFUSED),
+        ("PodGroupCleanupBlocked", c.POD_GROUP_CLEANUP_BLOCKED),
+        ("DriftHeld", c.DRIFT_HELD),
+        ("TrainJobDeleting", c.TRAINJOB_DELETING),
     ],
 )
 def test_todays_event_reasons_map_onto_reasons(event: str, expected: str) -> None:
@@ -167,6 +170,28 @@ def test_degraded_and_back() -> None:
     assert c.condition(worse, written, 1, "x")["lastTransitionTime"] == LATER
     back = decide(healthy, written, "2026-12-02T10:09:00Z")
     assert back is not None and back.reason == c.SCHEDULED
+
+
+def test_untied_pods_of_a_gang_that_exists_are_said_before_degraded() -> None:
+    placed = gang(scheduled=True, verdict="Scheduled", live=3)
+    was = stored(c.SCHEDULED, "True")
+    desired = decide(Situation(gangs=(placed,), untied=2), was, NOW)
+    assert desired is not None and desired.reason == c.PODS_UNTIED and desired.status == "False"
+    assert desired.message == (
+        "2 pending or running pods have no spec.schedulingGroup (admitted without the gang): "
+        "gang pg-a counts only the pods that reference it, and may wait for ever while those "
+        "hold nodes"
+    )
+    waiting = decide(Situation(gangs=(gang(),), untied=1), None, NOW)
+    assert waiting is not None and waiting.message.startswith("1 pending or running pod has")
+    # No gang object: nothing waits for them (the reconciler decides "no gang" for such pods).
+    missing = Situation(gangs=(gang(exists=False),), untied=1)
+    assert reason(missing) == c.WAITING_FOR_SCHEDULER
+    assert reason(Situation(gangs=(placed,), untied=0), was) == c.DEGRADED
+    assert reason(Situation(gangs=(placed,)), was) == c.DEGRADED  # pods not watched
+    blocked = Situation(blocker=("DriftHeld", "Workload w differs"), gangs=(placed,), untied=1)
+    assert reason(blocked) == c.DRIFT_HELD
+    assert reason(Situation("suspended", untied=1)) == c.SUSPENDED
 
 
 def test_admitted_gang_filling_up_is_not_degraded() -> None:

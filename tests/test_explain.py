@@ -82,14 +82,26 @@ class World:
                 name = made["metadata"]["name"]
                 await patch(self.k, POD_GROUPS, NS, name, {"status": {"conditions": [found]}})
 
-    async def pods(self, count: int, bound: bool = False, why: str | None = None) -> None:
-        for i in range(count):
+    async def pods(
+        self,
+        count: int,
+        bound: bool = False,
+        why: str | None = None,
+        group: str | None = "",
+        first: int = 0,
+    ) -> None:
+        """JobSet's pods; `group` is the PodGroup they name ("": their own, as the pod webhook
+        ties them; None: none, as if admitted without it)."""
+        for i in range(first, first + count):
             labels = {"jobset.sigs.k8s.io/jobset-name": "my-job",
                       "jobset.sigs.k8s.io/replicatedjob-name": "node",
                       "jobset.sigs.k8s.io/job-index": "0"}  # fmt: skip
             pod: Json = {"metadata": {"name": f"my-job-node-0-{i}", "namespace": NS,
                                       "labels": labels},
                          "spec": {"containers": [{"name": "node", "image": "x"}]}}  # fmt: skip
+            if group is not None:
+                name = group or self.plan().pod_group_for("node", 0)
+                pod["spec"]["schedulingGroup"] = {"podGroupName": name}
             if bound:
                 pod["spec"]["nodeName"] = f"b-{i}"
             if why is not None:

@@ -203,9 +203,15 @@ async def scheduler_says(s: Service, group: str, status: str, reason: str, messa
     await patch(s.k, POD_GROUPS, NS, group, {"status": {"conditions": [condition]}})
 
 
-def pod(index: int, *, bound: bool = True, phase: str = "Running") -> dict[str, Any]:
+def pod(
+    index: int, *, bound: bool = True, phase: str = "Running", tied: bool = True
+) -> dict[str, Any]:
+    """One of JobSet's pods; tied as the pod webhook ties it (the status writer reads only
+    whether it has a schedulingGroup, not which)."""
     labels = {JOBSET_NAME: NAME, REPLICATED_JOB_NAME: "node", JOB_INDEX: "0"}
     spec: dict[str, Any] = {"containers": [{"name": "node", "image": "torch"}]}
+    if tied:
+        spec["schedulingGroup"] = {"podGroupName": f"{NAME}-its-gang"}
     if bound:
         spec["nodeName"] = f"gpu-{index}"
     return {
@@ -282,6 +288,43 @@ async def test_scheduled_then_degraded_then_back(monkeypatch: pytest.MonkeyPatch
         await condition_is(s.k, cond.SCHEDULED, "True")
         assert s.sample("trainjob_scheduling_gangs_degraded") == 0
         assert len(events(s.k, "GangDegraded")) == 1
+
+
+async def test_untied_pods_of_a_gang_are_said_counted_and_cleared(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A pod of the gang with no schedulingGroup (it escaped the webhook): the gang may wait
+    for it for ever; the condition says PodsUntied with how many, the gauge counts the
+    TrainJob, and both go once the pod is gone."""
+    monkeypatch.setattr(status_module, "RECOUNT_AFTER", 4.0)
+    async with service() as s:
+        group = await with_its_gang(s)
+        for i in range(NUM_NODES):
+            await create(s.k, PODS, pod(i))
+        await scheduler_says(s, group, "True", "Scheduled", "")
+        await condition_is(s.k, cond.SCHEDULED, "True")
+        assert s.sample("trainjob_scheduling_gangs_with_untied_pods") == 0
+        await create(s.k, PODS, pod(4, bound=False, phase="Pending", tied=False))
+        found = await condition_is(s.k, cond.PODS_UNTIED)
+        assert found["message"].startswith("1 pending or running pod has no spec.schedulingGroup")
+        assert f"gang {group} counts only the pods that reference it" in found["message"]
+        assert s.sample("trainjob_scheduling_gangs_with_untied_pods") == 1
+        # A second one: the count is written again, not at once (the Degraded rate).
+        written = await settled(s)
+        await create(s.k, PODS, pod(5, tied=False))
+        await asyncio.sleep(0.3)
+        assert s.writes() == written and current(s.k)["message"].startswith("1 pending")
+        await eventually(
+            lambda: current(s.k)["message"].startswith("2 pending or running pods have"),
+            "the new count",
+            timeout=20,
+        )
+        # Gone (deleted, or finished: a finished pod holds nothing): the gang is whole again.
+        await delete(s.k, PODS, NS, f"{NAME}-node-0-4-x")
+        await patch(s.k, PODS, NS, f"{NAME}-node-0-5-x", {"status": {"phase": "Succeeded"}})
+        await condition_is(s.k, cond.SCHEDULED, "True")
+        assert s.sample("trainjob_scheduling_gangs_with_untied_pods") == 0
+        assert not events(s.k, "GangDegraded")
 
 
 async def test_a_suspended_trainjob_is_suspended_never_degraded() -> None:
@@ -638,3 +681,12 @@ async def test_a_situation_walks_the_jobs_once_whatever_the_groups() -> None:
     situation = writer.situation({}, Outcome(plan=plan, backend=backend))
     assert walks == 1
     assert [g.pods for g in situation.gangs] == [cond.Pods(2, 0), cond.Pods(0, 0), cond.Pods(1, 0)]
+    # Those pods have no schedulingGroup: untied for the native backend, whose pods tie by it,
+    # in the Jobs the plan groups (not Job 7 nor "forged": as an untargeted ReplicatedJob's);
+    # not for a backend whose pods carry an annotation or label instead.
+    assert situation.untied == 3
+    for other in ("volcano", "coscheduling", "kai"):
+        found = writer.situation({}, Outcome(plan=plan, backend=cache.backends.named(other)))
+        assert found.untied is None, other
+    pods.synced = False
+    assert writer.situation({}, Outcome(plan=plan, backend=backend)).untied is None

@@ -5,7 +5,7 @@ Run with `make bench` or `python -m tests.bench.status_bench [--trainjobs 1000] 
 [--burst-trainjobs 100]`. Numbers, not pass/fail (exit 0 unless the run broke).
 
 1. Memory: `--trainjobs` TrainJobs x `--pods` pods (defaults 1,000 x 100: 100,000 pods of about
-   2.6 KB of JSON each, as a watch brings them), fed to `GangPods` as watch events; what it keeps
+   2.7 KB of JSON each, as a watch brings them), fed to `GangPods` as watch events; what it keeps
    (tracemalloc, after the pods themselves are gone), per gang and per pod, and the CPU per
    event.
 2. Burst: the chain `serve` runs, in one process and one event loop: an `Informer` of JobSet's
@@ -57,7 +57,7 @@ BURST = 10_000
 
 
 def pod(ns: str, job: str, i: int, *, node: str | None = "gpu", phase: str = "Running") -> Json:
-    """A JobSet pod of about 2.6 KB of JSON, as a watch brings it (managed fields and all)."""
+    """A JobSet pod of about 2.7 KB of JSON, as a watch brings it (managed fields and all)."""
     name = f"{job}-node-0-{i}-abcde"
     labels = {
         JOBSET_NAME: job, REPLICATED_JOB_NAME: "node", JOB_INDEX: "0",
@@ -84,6 +84,7 @@ def pod(ns: str, job: str, i: int, *, node: str | None = "gpu", phase: str = "Ru
                             "resources": {"limits": {"nvidia.com/gpu": "8"}}}],
             "nodeName": f"{node}-{i}" if node else None, "restartPolicy": "Never",
             "schedulerName": "default-scheduler", "subdomain": job,
+            "schedulingGroup": {"podGroupName": f"{job}-node-0-1a2b3c4d5e"},  # tied, as admitted
         },
         "status": {"phase": phase, "conditions": [
             {"type": t, "status": "True", "lastTransitionTime": "2026-12-02T10:00:00Z"}

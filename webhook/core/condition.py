@@ -45,6 +45,10 @@ STOOD_DOWN = "StoodDown"
 NAME_CONFLICT = "NameConflict"
 CREATE_REFUSED = "CreateRefused"
 INFEASIBLE = "Infeasible"
+PODS_UNTIED = "PodsUntied"
+POD_GROUP_CLEANUP_BLOCKED = "PodGroupCleanupBlocked"
+DRIFT_HELD = "DriftHeld"
+TRAINJOB_DELETING = "TrainJobDeleting"
 
 
 @dataclass(frozen=True)
@@ -146,6 +150,42 @@ REASONS: Mapping[str, ReasonDoc] = {
         "empty: the message has the numbers.",
         "Make the gang smaller, its topology wider, or add nodes that fit its pods.",
     ),
+    PODS_UNTIED: ReasonDoc(
+        "False",
+        "Its gang objects exist, but some of its pending or running pods have no "
+        "`spec.schedulingGroup` (they were admitted without their gang: the webhook was "
+        "bypassed or down with failurePolicy Ignore, or they predate the gang). The field is "
+        "immutable; the scheduler counts only the pods that reference the PodGroup, so the "
+        "gang may wait for ever while the untied pods hold their nodes. The message says how "
+        "many.",
+        "`kubectl trainjob-scheduling explain trainjob NAME -n NS` lists them. Delete the "
+        "untied pods (JobSet recreates them, through the webhook, tied), or restart the "
+        "TrainJob; then find why they escaped (webhook unreachable, its failurePolicy).",
+    ),
+    POD_GROUP_CLEANUP_BLOCKED: ReasonDoc(
+        "False",
+        "A gang object it needs has the name of one that is being deleted (Terminating: its "
+        "finalizer `scheduling.k8s.io/podgroup-protection` stays while pods reference it, "
+        "often for their grace period); the service waits for it to go, with backoff, and "
+        "then creates its own.",
+        "Wait for the old pods to terminate (`kubectl get pods -l "
+        "jobset.sigs.k8s.io/jobset-name=NAME`). If it lasts, find the pods still referencing "
+        "the PodGroup the message names.",
+    ),
+    DRIFT_HELD: ReasonDoc(
+        "False",
+        "A stored gang object differs from the plan on a field the API server will not change "
+        "in place, and pods use it: it is not deleted and created again (that would tear down "
+        "a running gang). The gang goes on as stored; the message names the object.",
+        "Nothing, if the running gang is fine: the new settings apply to the next run. To "
+        "apply them now, restart the TrainJob (delete and create it again).",
+    ),
+    TRAINJOB_DELETING: ReasonDoc(
+        "False",
+        "The TrainJob is being deleted (it has a deletionTimestamp: a foreground delete, or "
+        "another controller's finalizer holds it): nothing is created for it.",
+        "Nothing; if the deletion hangs, see which finalizer the TrainJob still carries.",
+    ),
 }
 
 # The reconciler's Event reasons that stop a TrainJob short of its gang, and what they become.
@@ -160,6 +200,9 @@ FROM_EVENT: Mapping[str, str] = {
     "Conflict": NAME_CONFLICT,
     "Refused": CREATE_REFUSED,
     "FeatureGateOff": FEATURE_GATE_OFF,
+    "PodGroupCleanupBlocked": POD_GROUP_CLEANUP_BLOCKED,
+    "DriftHeld": DRIFT_HELD,
+    "TrainJobDeleting": TRAINJOB_DELETING,
 }
 
 # --- what is known of a TrainJob --------------------------------------------------------------
@@ -203,6 +246,7 @@ class Situation:
     gangs: tuple[Gang, ...] = ()
     dropped: str | None = None  # the fields the API server dropped (FeatureGateOff's note)
     infeasible: str | None = None  # feasibility's message for a gang that can never fit
+    untied: int | None = None  # present pods without schedulingGroup (None: not watched)
 
 
 @dataclass(frozen=True)
@@ -229,6 +273,8 @@ def decide(situation: Situation, stored: Mapping[str, Any] | None, now: str) -> 
         if reason == RUNTIME_NOT_FOUND and stored is None:
             return None  # without its runtime, nothing says the TrainJob is this service's
         return _desired(reason, note)
+    if s.untied and any(g.exists for g in s.gangs):
+        return _desired(PODS_UNTIED, _untied_message(s.untied, s.gangs))
     said_before = stored is not None and stored.get("reason") in (SCHEDULED, DEGRADED)
     degraded = [(g, n) for g in s.gangs if (n := g.short()) and said_before]
     if degraded:
@@ -274,6 +320,18 @@ def _desired(reason: str, message: str) -> Desired:
 
 def _more(gangs: Sequence[Gang]) -> str:
     return f" (and {len(gangs) - 1} more gangs waiting)" if len(gangs) > 1 else ""
+
+
+def _untied_message(untied: int, gangs: Sequence[Gang]) -> str:
+    gang = next((g for g in gangs if g.min_count is not None and g.exists), None)
+    waits = f"gang {gang.name} counts only the pods that reference it" if gang else "the gang"
+    pods = (
+        "1 pending or running pod has" if untied == 1 else f"{untied} pending or running pods have"
+    )
+    return (
+        f"{pods} no spec.schedulingGroup (admitted without the gang): {waits}, and may wait "
+        "for ever while those hold nodes"
+    )
 
 
 def _scheduled_message(gangs: Sequence[Gang]) -> str:

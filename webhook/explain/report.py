@@ -6,10 +6,12 @@ per domain, and a one-line verdict.
 The verdict, first that holds: finished; no gang (no spec.scheduling, an invalid TrainJob, a
 missing runtime, no backend for its scheduler); can never fit as configured (a gang that no
 domain holds even empty); suspended by Kueue (queued: the queue label) or suspended; waiting
-for its gang objects to be created; waiting for pods to be created (a gang has fewer pods than
-its minCount); waiting for capacity in a domain; degraded (a gang placed, and said Scheduled by
-the service's GangScheduling condition, now has fewer live pods than its minCount); scheduled
-(every gang placed).
+for its gang objects to be created; pods untied (pending or running pods of a grouped Job with
+no `spec.schedulingGroup`, or naming a PodGroup that is not one of this TrainJob's live ones:
+the gang may wait for them for ever; native backend only); waiting for pods to be created (a
+gang has fewer pods than its minCount); waiting for capacity in a domain; degraded (a gang
+placed, and said Scheduled by the service's GangScheduling condition, now has fewer live pods
+than its minCount); scheduled (every gang placed).
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..backends.base import Context
+from ..backends.base import Context, is_managed
+from ..backends.native import POD_GROUP
 from ..core import condition, feasibilityview, planview
 from ..core.feasibility import Fit, Gang, gangs_of, judge
 from ..core.feasibility import Nodes as NodeView
@@ -26,12 +29,13 @@ from ..core.lifecycle import MULTIKUEUE, is_finished
 from ..core.plan import group_for_labels
 from ..core.trainer import CLUSTER_RUNTIME_KIND
 from ..kube.feasibility import domains_by_node_labels
-from ..kube.gangpods import LIVE, SUCCEEDED, state_of
+from ..kube.gangpods import LIVE, PRESENT, SUCCEEDED, state_of
 from .gather import Findings
 
 Json = dict[str, Any]
 MAX_REASONS = 5
 MAX_EVENTS = 10
+MAX_UNTIED = 10  # untied pods named; the rest counted
 
 
 def build(found: Findings) -> Json:
@@ -159,7 +163,48 @@ def _pods(found: Findings) -> Json:
         "pending": len(found.pods) - bound,
         "byGroup": list(groups.values()),
         "pendingReasons": ordered[:MAX_REASONS],
+        "untied": _untied(found),
     }
+
+
+def _untied(found: Findings) -> Json | None:
+    """The pending or running pods of its grouped Jobs that its gang does not count: no
+    `spec.schedulingGroup` (immutable: admitted without the gang), or one naming a PodGroup that
+    is not this TrainJob's (being deleted: a previous incarnation's; or another's). None when
+    its backend ties pods otherwise (an annotation, a label)."""
+    plan, backend = found.plan, found.backend
+    if plan is None or backend is None or POD_GROUP not in backend.kinds:
+        return None
+    uid = (found.trainjob.get("metadata") or {}).get("uid")
+    ours: set[str] = set()
+    gone: set[str] = set()
+    for kind, obj in found.gang_objects:
+        meta = obj.get("metadata") or {}
+        owners = meta.get("ownerReferences") or []
+        owned = any(isinstance(o, dict) and o.get("uid") == uid for o in owners)
+        if kind != POD_GROUP or not is_managed(obj) or not owned:
+            continue
+        (gone if meta.get("deletionTimestamp") else ours).add(str(meta.get("name")))
+    listed: list[Json] = []
+    count = 0
+    for pod in found.pods:
+        meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+        if state_of(pod) not in PRESENT or group_for_labels(plan, meta.get("labels") or {}) is None:
+            continue
+        tied = spec.get("schedulingGroup") if isinstance(spec, dict) else None
+        name = tied.get("podGroupName") if isinstance(tied, dict) else None
+        if isinstance(name, str) and name in ours:
+            continue
+        count += 1
+        if len(listed) < MAX_UNTIED:
+            if not isinstance(name, str):
+                why = "no schedulingGroup"
+            elif name in gone:
+                why = f"PodGroup {name} is being deleted"
+            else:
+                why = f"PodGroup {name} is not this TrainJob's"
+            listed.append({"name": meta.get("name"), "podGroup": name, "why": why})
+    return {"count": count, "pods": listed}
 
 
 def _events(events: Iterable[Json]) -> list[Json]:
@@ -243,6 +288,15 @@ def _decide(found: Findings, report: Json, judged: list[tuple[Gang, Fit]]) -> tu
         return "waiting-for-gang-objects", (
             f"waiting for its gang objects to be created ({missing[0]} is missing): is the "
             "trainjob-scheduling reconciler running?"
+        )
+    untied = report["pods"]["untied"]
+    if untied is not None and untied["count"]:
+        first = untied["pods"][0]
+        some = "1 of its pods is" if untied["count"] == 1 else f"{untied['count']} of its pods are"
+        return "pods-untied", (
+            f"pods untied: {some} not in its gang ({first['name']}: {first['why']}); the gang "
+            "counts only the pods that reference its PodGroup and may wait for ever while these "
+            "hold nodes: delete them (JobSet recreates them through the pod webhook, tied)"
         )
     by_group = {g["podGroup"]: g for g in report["pods"]["byGroup"]}
     for g in gangs:
@@ -348,6 +402,12 @@ def render(report: Json) -> str:
         )
     for r in pods["pendingReasons"]:
         lines.append(f"  pending ({r['pods']}, e.g. {r['example']}): {r['reason']}: {r['message']}")
+    untied = pods["untied"]
+    if untied is not None and untied["count"]:
+        lines.append(f"  not in its gang ({untied['count']}):")
+        lines += [f"    {p['name']}: {p['why']}" for p in untied["pods"]]
+        if untied["count"] > len(untied["pods"]):
+            lines.append(f"    and {untied['count'] - len(untied['pods'])} more")
     lines.append("")
     if report["events"]:
         lines.append("Events:")

@@ -1,13 +1,18 @@
 """How many pods each Job of a JobSet has, by state, from a watch of JobSet's pods: what gang
-health after admission is judged from (`reconcile/status.py`).
+health after admission is judged from (`reconcile/status.py`); and, per TrainJob, the newest
+JobSet restart attempt its present pods belong to and how many of them have no
+`spec.schedulingGroup` (untied: a gang waits for them for ever).
 
 No pod is kept: each watch event is reduced to its Job (namespace, JobSet, ReplicatedJob, Job
-index, from the labels JobSet puts on every pod) and a state (pending, live, succeeded, lost),
-then dropped. Per Job: four counts. Per pod, by namespace and the hash of its name: its Job and
-its state, as one tuple its Job holds (a later event must know what the pod counted as, and in
-which Job: a pod whose labels are edited leaves it). Work per event is a few dict operations;
-listeners hear (namespace, JobSet name) when a Job's live or succeeded count changed, and
-coalesce what they do with it (the reconciler's work queue holds each TrainJob once).
+index, from the labels JobSet puts on every pod), a state (pending, live, succeeded, lost), its
+restart attempt (label) and whether it is untied, then dropped. Per Job: four counts. Per
+TrainJob: present (pending or live) pods by attempt, and untied ones. Per pod, by namespace and
+the hash of its name: its Job, state, attempt and untied flag, as one tuple its Job holds and
+shares with its other pods (a later event must know what the pod counted as, and in which Job:
+a pod whose labels are edited leaves it). Work per event is a few dict operations; listeners
+hear (namespace, JobSet name) when a Job's live or succeeded count changed, or the TrainJob's
+attempt or untied count did, and coalesce what they do with it (the reconciler's work queue
+holds each TrainJob once).
 """
 
 from __future__ import annotations
@@ -19,24 +24,29 @@ from ..core.plan import JOB_INDEX, JOBSET_NAME, REPLICATED_JOB_NAME
 from .store import EventType
 
 PENDING, LIVE, SUCCEEDED, LOST = 0, 1, 2, 3
+PRESENT = (PENDING, LIVE)  # the states a pod holds (or waits for) a place in its gang in
 SELECTOR = JOBSET_NAME  # the label selector of the watch: every pod JobSet made
+RESTART_ATTEMPT = "jobset.sigs.k8s.io/restart-attempt"  # JobSet's: 0, then +1 per restart
+MAX_ATTEMPT = 2**31  # an attempt label at or above it is not JobSet's (int32): ignored
 MAX_PODS_PER_JOB = 100_000  # a Job's pods remembered; far above any real Job's
+MAX_SHAPES_PER_JOB = 64  # shared tuples a Job keeps; past it, started again (attempts churned)
 TrainJobKey = tuple[str, str]  # (namespace, JobSet name = TrainJob name)
 JobKey = tuple[str, int]  # (ReplicatedJob, Job index)
 Changed = Callable[[str, str], None]
 
 
 class JobPods:
-    """One Job's pods: counts by state."""
+    """One Job's pods: counts by state, and its untied present pods."""
 
-    __slots__ = ("counts", "key", "states", "trainjob")
+    __slots__ = ("_shapes", "counts", "key", "trainjob", "untied")
 
     def __init__(self, trainjob: TrainJobKey, key: JobKey) -> None:
         self.counts = [0, 0, 0, 0]  # PENDING, LIVE, SUCCEEDED, LOST
+        self.untied = 0  # pending or live pods without spec.schedulingGroup
         self.trainjob = trainjob
         self.key = key
-        # What each of its pods is remembered as (one of these, shared: no object per pod).
-        self.states = tuple((self, state) for state in (PENDING, LIVE, SUCCEEDED, LOST))
+        # What each of its pods is remembered as, shared by its pods: no object per pod.
+        self._shapes: dict[tuple[int, int, bool], Counted] = {}
 
     @property
     def live(self) -> int:
@@ -46,8 +56,52 @@ class JobPods:
     def succeeded(self) -> int:
         return self.counts[SUCCEEDED]
 
+    def shape(self, state: int, attempt: int, untied: bool) -> Counted:
+        key = (state, attempt, untied)
+        found = self._shapes.get(key)
+        if found is None:
+            if len(self._shapes) >= MAX_SHAPES_PER_JOB:
+                self._shapes.clear()  # pods keep theirs; equal ones are made anew
+            found = self._shapes[key] = (self, state, attempt, untied)
+        return found
 
-Counted = tuple[JobPods, int]  # a pod's Job and its state
+
+Counted = tuple[JobPods, int, int, bool]  # a pod's Job, state, restart attempt, untied
+
+
+class Gang:
+    """One TrainJob's Jobs, and its present pods by restart attempt and untied."""
+
+    __slots__ = ("attempts", "jobs", "untied")
+
+    def __init__(self) -> None:
+        self.jobs: dict[JobKey, JobPods] = {}
+        self.attempts: dict[int, int] = {}  # attempt -> its present pods
+        self.untied = 0  # present pods without spec.schedulingGroup
+
+    def attempt(self) -> int:
+        return max(self.attempts, default=0)  # a few keys: a restart's old and new pods
+
+    def add(self, counted: Counted, sign: int) -> bool:
+        """Counts a pod in (+1) or out (-1); whether attempt() or untied may have changed."""
+        job, state, attempt, untied = counted
+        if state not in PRESENT:
+            return False
+        attempts = self.attempts
+        had = attempts.get(attempt, 0)
+        if had and had + sign:  # its attempt keeps other pods: the newest is the same
+            attempts[attempt] = had + sign
+            moved = False
+        elif sign > 0:  # the first pod of its attempt
+            moved = attempt > self.attempt()
+            attempts[attempt] = 1
+        else:  # the last
+            del attempts[attempt]
+            moved = attempt > self.attempt()
+        if untied:
+            self.untied += sign
+            job.untied += sign
+        return moved or untied
 
 
 def state_of(raw: Mapping[str, Any]) -> int:
@@ -61,6 +115,24 @@ def state_of(raw: Mapping[str, Any]) -> int:
         return LOST
     bound = isinstance(spec, dict) and bool(spec.get("nodeName"))
     return LIVE if bound else PENDING
+
+
+def attempt_of(raw: Mapping[str, Any]) -> int:
+    """A pod's JobSet restart attempt (its label); 0 when absent or not a number JobSet
+    writes."""
+    meta = raw.get("metadata")
+    labels = meta.get("labels") if isinstance(meta, dict) else None
+    value = labels.get(RESTART_ATTEMPT) if isinstance(labels, dict) else None
+    if not (isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 10):
+        return 0
+    attempt = int(value)
+    return attempt if attempt < MAX_ATTEMPT else 0
+
+
+def is_untied(raw: Mapping[str, Any]) -> bool:
+    """Whether a pod has no `spec.schedulingGroup` (immutable: what it was created with)."""
+    spec = raw.get("spec")
+    return not (isinstance(spec, dict) and spec.get("schedulingGroup"))
 
 
 def pod_of(raw: Mapping[str, Any]) -> tuple[str, int] | None:
@@ -96,6 +168,10 @@ def job_of(raw: Mapping[str, Any]) -> tuple[TrainJobKey, JobKey, int] | None:
     return (namespace, jobset), (rj, int(index)), hash(name)
 
 
+Found = tuple[TrainJobKey, JobKey, int]
+NO_JOBS: Mapping[JobKey, JobPods] = {}
+
+
 class GangPods:
     """The pod counts of every JobSet in the watched namespaces (a `Sink` for an informer)."""
 
@@ -105,7 +181,7 @@ class GangPods:
         self.synced = False
         self.watched: tuple[str, ...] | None = None  # namespaces listed one by one, if so
         self._listed: set[str | None] = set()
-        self._jobs: dict[TrainJobKey, dict[JobKey, JobPods]] = {}
+        self._gangs: dict[TrainJobKey, Gang] = {}
         self._pods_of: dict[str, dict[int, Counted]] = {}  # namespace -> pod -> where it counts
         self._listeners: list[Changed] = []
 
@@ -117,19 +193,46 @@ class GangPods:
 
     def jobs(self, namespace: str, jobset: str) -> Mapping[JobKey, JobPods]:
         """The Jobs of a JobSet with pods ({} when none are known)."""
-        return self._jobs.get((namespace, jobset), {})
+        gang = self._gangs.get((namespace, jobset))
+        return gang.jobs if gang is not None else NO_JOBS
+
+    def attempt(self, namespace: str, jobset: str) -> int:
+        """The newest JobSet restart attempt among its pending or live pods (0 when none): a
+        restart's old pods are being deleted (lost) while its new ones are created."""
+        gang = self._gangs.get((namespace, jobset))
+        return gang.attempt() if gang is not None else 0
+
+    def untied(
+        self, namespace: str, jobset: str, grouped: Callable[[str, int], bool] | None = None
+    ) -> int:
+        """Its pending or live pods that have no `spec.schedulingGroup`; with `grouped`, only
+        those of the Jobs (ReplicatedJob, index) it says have a group (the plan's: pods of an
+        untargeted ReplicatedJob have none, rightly). Work in its Jobs, not its pods."""
+        gang = self._gangs.get((namespace, jobset))
+        if gang is None or not gang.untied:
+            return 0
+        if grouped is None:
+            return gang.untied
+        return sum(job.untied for key, job in gang.jobs.items() if job.untied and grouped(*key))
 
     def trim(self, raw: dict[str, Any]) -> dict[str, Any]:
         """A listed pod as what is counted of it (the list holds every page until its end)."""
         found = job_of(raw)
-        return {"job": found, "state": state_of(raw)} if found is not None else {}
+        if found is None:
+            return {}
+        return {
+            "job": found,
+            "state": state_of(raw),
+            "attempt": attempt_of(raw),
+            "untied": is_untied(raw),
+        }
 
     def replace(self, items: Iterable[dict[str, Any]], namespace: str | None = None) -> None:
         """A fresh list (of trimmed pods): the namespace's counts, or all of them, start again;
         every JobSet whose counts were or are now known is told."""
-        touched = {k for k in self._jobs if namespace is None or k[0] == namespace}
+        touched = {k for k in self._gangs if namespace is None or k[0] == namespace}
         for key in touched:
-            del self._jobs[key]
+            del self._gangs[key]
         if namespace is None:
             self._pods_of.clear()
         else:
@@ -137,7 +240,7 @@ class GangPods:
         for item in items:
             found = item.get("job")
             if found is not None:
-                self._count(found, item["state"], tell=False)
+                self._count(found, item["state"], item["attempt"], item["untied"], tell=False)
                 touched.add(found[0])
         self._listed.add(namespace)
         self.synced = self.watched is None or all(ns in self._listed for ns in self.watched)
@@ -147,37 +250,52 @@ class GangPods:
     def apply(self, event: EventType, raw: dict[str, Any]) -> None:
         found = job_of(raw)
         if found is not None and event != "DELETED":
-            self._count(found, state_of(raw))
+            self._count(found, state_of(raw), attempt_of(raw), raw)
             return
         pod = (found[0][0], found[2]) if found is not None else pod_of(raw)
         if pod is not None:  # deleted, or its labels say no Job any more: counted nowhere
             self._uncount(*pod)
 
-    def _count(self, found: tuple[TrainJobKey, JobKey, int], state: int, tell: bool = True) -> None:
+    def _count(
+        self,
+        found: Found,
+        state: int,
+        attempt: int,
+        untied: bool | dict[str, Any],
+        tell: bool = True,
+    ) -> None:
+        """Counts a pod where it is now; `untied` is the flag, or the pod to read it from when it
+        is not remembered yet (schedulingGroup is immutable: read once)."""
         trainjob, job_key, pod = found
         pods = self._pods_of.setdefault(trainjob[0], {})
         before = pods.get(pod)
         if before is not None:
-            job, was = before
+            job, was, was_attempt, untied = before
             if job.trainjob != trainjob or job.key != job_key:
                 self._uncount(trainjob[0], pod)  # its labels were edited: out of its old Job
                 pods = self._pods_of.setdefault(trainjob[0], {})
-            elif was == state:
+            elif was == state and was_attempt == attempt:
                 return
-            else:  # the same Job, another state
+            else:  # the same Job, another state or attempt
+                gang = self._gangs[trainjob]
+                moved = gang.add(before, -1)
                 job.counts[was] -= 1
                 job.counts[state] += 1
-                pods[pod] = job.states[state]
-                if tell and (LIVE in (was, state) or SUCCEEDED in (was, state)):
+                pods[pod] = now = job.shape(state, attempt, untied)
+                moved = gang.add(now, 1) or moved
+                counted = was != state and (LIVE in (was, state) or SUCCEEDED in (was, state))
+                if tell and (counted or moved):
                     self._tell(trainjob)
                 return
-        jobs = self._jobs.setdefault(trainjob, {})
-        job = jobs.get(job_key) or jobs.setdefault(job_key, JobPods(trainjob, job_key))
+        flag = untied if isinstance(untied, bool) else is_untied(untied)
+        gang = self._gangs.get(trainjob) or self._gangs.setdefault(trainjob, Gang())
+        job = gang.jobs.get(job_key) or gang.jobs.setdefault(job_key, JobPods(trainjob, job_key))
         if sum(job.counts) >= MAX_PODS_PER_JOB:
             return
         job.counts[state] += 1
-        pods[pod] = job.states[state]
-        if tell and state in (LIVE, SUCCEEDED):
+        pods[pod] = now = job.shape(state, attempt, flag)
+        moved = gang.add(now, 1)
+        if tell and (state in (LIVE, SUCCEEDED) or moved):
             self._tell(trainjob)
 
     def _uncount(self, namespace: str, pod: int) -> None:
@@ -187,14 +305,15 @@ class GangPods:
             return
         if not pods:
             del self._pods_of[namespace]
-        job, state = counted
+        job, state = counted[0], counted[1]
+        gang = self._gangs[job.trainjob]
+        moved = gang.add(counted, -1)
         job.counts[state] -= 1
         if not any(job.counts):
-            jobs = self._jobs[job.trainjob]
-            del jobs[job.key]
-            if not jobs:
-                del self._jobs[job.trainjob]
-        if state in (LIVE, SUCCEEDED):
+            del gang.jobs[job.key]
+            if not gang.jobs:
+                del self._gangs[job.trainjob]
+        if state in (LIVE, SUCCEEDED) or moved:
             self._tell(job.trainjob)
 
     def _tell(self, key: TrainJobKey) -> None:

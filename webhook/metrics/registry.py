@@ -31,6 +31,23 @@ RECONCILE_BUCKETS = (
 WORKQUEUE_BUCKETS = tuple(10.0**exponent for exponent in range(-8, 4))
 
 DECISIONS = ("allowed", "patched", "denied", "errored")
+# Why the pod webhook held (denied) a TrainJob pod's creation: it could not tie it safely, and
+# the Job controller retries with backoff (issue 26's design). Any other reason counts as Other.
+HELD_REASONS = (
+    "TrainJobNotCached",  # the TrainJob exists (a live read says) but is not in this cache yet
+    "NotFrozen",  # no runtime snapshot yet while its runtime has scheduling
+    "GangApiUnavailable",  # the gang API is not served, or discovery has not said yet
+    "SchedulerMismatch",  # the pod names another scheduler than its gang's
+    "PodGroupTerminating",  # the PodGroup it would name is being deleted
+    "PodGroupNotOurs",  # the PodGroup it would name was not made by this service for it
+    "Other",
+)
+# Why a pod of a TrainJob whose runtime schedules gangs was admitted with no schedulingGroup.
+UNTIED_REASONS = (
+    "FrozenNoGang",  # the TrainJob started without a gang: never ganged mid-flight
+    "StoodDown",  # another controller schedules the TrainJob
+    "Other",
+)
 RECONCILE_RESULTS = ("success", "error", "requeue", "requeue_after")
 
 
@@ -200,6 +217,31 @@ class Metrics:
             ["namespace"],
             registry=r,
         )
+        self.pods_held = Counter(
+            "trainjob_scheduling_pods_held",
+            "Creations of TrainJob pods the pod webhook denied to hold them, because it could "
+            "not tie them to their gang safely (the Job controller retries), by reason.",
+            ["reason"],
+            registry=r,
+        )
+        self.pods_untied = Counter(
+            "trainjob_scheduling_pods_untied",
+            "Pods of a TrainJob whose runtime schedules gangs, admitted without a "
+            "schedulingGroup (no gang for them, on purpose), by reason.",
+            ["reason"],
+            registry=r,
+        )
+        for reason in HELD_REASONS:
+            self.pods_held.labels(reason=reason)  # every series from 0: rate() sees the first
+        for reason in UNTIED_REASONS:
+            self.pods_untied.labels(reason=reason)
+        self.gangs_with_untied_pods = Gauge(
+            "trainjob_scheduling_gangs_with_untied_pods",
+            "TrainJobs with gang objects some of whose pending or live pods have no "
+            "schedulingGroup (their gang may wait for them for ever), as the leader's "
+            "GangScheduling condition says (PodsUntied).",
+            registry=r,
+        )
         self.status_writes = Counter(
             "trainjob_scheduling_status_writes",
             "Server-side applies of the GangScheduling condition, by its reason (one per change "
@@ -218,6 +260,14 @@ class Metrics:
             "Kubernetes Events not posted because the recorder's queue was full.",
             registry=r,
         )
+
+    def held(self, reason: str) -> None:
+        """One pod creation denied to hold it (`reason`: one of HELD_REASONS)."""
+        self.pods_held.labels(reason=reason if reason in HELD_REASONS else "Other").inc()
+
+    def untied(self, reason: str) -> None:
+        """One pod of a ganged runtime admitted without a group (one of UNTIED_REASONS)."""
+        self.pods_untied.labels(reason=reason if reason in UNTIED_REASONS else "Other").inc()
 
     def render(self, accept: str | None = None) -> tuple[bytes, str]:
         """The exposition (body, content type): Prometheus text, or OpenMetrics when the

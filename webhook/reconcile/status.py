@@ -6,7 +6,9 @@ dropped by another writer is applied again; an unchanged one costs no request).
 The pass tells what it found (`Outcome`); the gangs' state is read here from the cache (each
 group object's status, through its backend) and from the pod counts (`kube/gangpods.py`).
 A gang that falls below its minCount after admission gets one Warning Event, a place in the
-degraded gauge and a count in the per-namespace counter.
+degraded gauge and a count in the per-namespace counter. A TrainJob whose gang objects exist
+while some of its present pods have no `spec.schedulingGroup` (untied: the gang may wait for
+them for ever) is said `PodsUntied` and counted in the untied gauge.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from kubernetes.aio.client.exceptions import ApiException
 
 from ..backends.base import Context, GangBackend, GangStatus
+from ..backends.native import POD_GROUP
 from ..core import condition as cond
 from ..core.lifecycle import MULTIKUEUE, is_finished
 from ..core.plan import GroupPlan, Plan
@@ -38,7 +41,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("webhook.status")
 
 EXPECTATION_TTL = 30.0  # seconds a write stands in for its watch event
-RECOUNT_AFTER = 10.0  # seconds between writes that only change a Degraded gang's pod count
+RECOUNT_AFTER = 10.0  # seconds between writes that only change a pod count (Degraded, PodsUntied)
+COUNTED = (cond.DEGRADED, cond.PODS_UNTIED)  # reasons whose message carries a pod count
 PODS_UNLISTED_RETRY = 1.0  # seconds: a Degraded TrainJob's first wait for the pods to be listed
 PODS_UNLISTED_TRIES = 6  # its waits, each twice the last (a minute in all); then pods are unknown
 
@@ -89,6 +93,7 @@ class StatusWriter:
         self._written: dict[Key, tuple[str, float]] = {}  # resourceVersion written over, when
         self._last_write: dict[Key, float] = {}  # monotonic time of the last write
         self.degraded: dict[Key, frozenset[str]] = {}  # TrainJob -> its degraded gangs
+        self.untied: set[Key] = set()  # TrainJobs said PodsUntied
         self._refused: set[int] = set()  # HTTP statuses already logged at warning
         self._pods_waits: dict[Key, int] = {}  # TrainJob -> its waits for the pods to be listed
 
@@ -97,6 +102,7 @@ class StatusWriter:
         returns when to look again when a write was put off."""
         entry = self.cache.trainjobs.get(*key)
         if entry is None or outcome is None:
+            self._follow_untied(key, None)
             return None  # gone, or not this service's: never a write of any kind
         raw = entry.raw
         stored = cond.stored_condition(raw)
@@ -107,6 +113,7 @@ class StatusWriter:
         situation = self.situation(raw, outcome)
         desired = cond.decide(situation, stored, now)
         self._follow_degraded(key, raw, situation, desired, stored)
+        self._follow_untied(key, desired)
         if desired is None or cond.unchanged(stored, desired):
             return None
         wait = self._recount_wait(key, stored, desired)
@@ -143,14 +150,14 @@ class StatusWriter:
         self, key: Key, stored: Mapping[str, Any] | None, outcome: Outcome
     ) -> float | None:
         """A new leader, before its pod watch has listed, would say Scheduled of a Degraded gang
-        (no counts) and Degraded again a moment later (one more Event, two more writes): the
-        TrainJob waits, when its answer depends on pod counts. A bounded number of times: a pod
-        watch that never lists (RBAC without pods) must not hold the condition back forever, nor
-        cost a pass every second."""
+        (no counts) and Degraded again a moment later (one more Event, two more writes; the
+        same of PodsUntied): the TrainJob waits, when its answer depends on pod counts. A
+        bounded number of times: a pod watch that never lists (RBAC without pods) must not hold
+        the condition back forever, nor cost a pass every second."""
         if self.pods is None or self.pods.synced:
             self._pods_waits.clear()
             return None
-        if stored is None or stored.get("reason") != cond.DEGRADED:
+        if stored is None or stored.get("reason") not in COUNTED:
             return None
         if outcome.lifecycle != "active" or outcome.blocker is not None or outcome.plan is None:
             return None  # finished, suspended or blocked: said without counts
@@ -163,11 +170,12 @@ class StatusWriter:
     def _recount_wait(
         self, key: Key, stored: Mapping[str, Any] | None, desired: cond.Desired
     ) -> float | None:
-        """A Degraded gang whose pod count alone changed (pods lost or coming back one by one)
-        is written at most every RECOUNT_AFTER seconds: each write wakes Trainer's worker."""
-        if stored is None or stored.get("reason") != cond.DEGRADED:
+        """A Degraded gang whose pod count alone changed (pods lost or coming back one by one),
+        or a PodsUntied one whose count of untied pods did, is written at most every
+        RECOUNT_AFTER seconds: each write wakes Trainer's worker."""
+        if stored is None or stored.get("reason") not in COUNTED:
             return None
-        if desired.reason != cond.DEGRADED or stored.get("status") != desired.status:
+        if desired.reason != stored.get("reason") or stored.get("status") != desired.status:
             return None
         last = self._last_write.get(key)
         left = RECOUNT_AFTER - (self.monotonic() - last) if last is not None else 0.0
@@ -180,6 +188,7 @@ class StatusWriter:
         self._last_write.clear()
         self._pods_waits.clear()
         self.degraded.clear()
+        self.untied.clear()
         self._publish()
 
     def forget(self, key: Key) -> None:
@@ -187,6 +196,7 @@ class StatusWriter:
         self._written.pop(key, None)
         self._last_write.pop(key, None)
         self._pods_waits.pop(key, None)
+        self._follow_untied(key, None)
         if self.degraded.pop(key, None):
             self._publish()
 
@@ -203,11 +213,16 @@ class StatusWriter:
         statuses = self._statuses(plan, backend)
         pods = self.pods
         jobs = pods.jobs(plan.namespace, plan.trainjob_name) if pods and pods.synced else None
-        counts = _pods_by_group(plan, jobs) if jobs is not None else None
+        counts, untied = _pods_by_group(plan, jobs) if jobs is not None else (None, None)
         gangs = tuple(_gang(g, statuses.get(g.pod_group_name), counts) for g in plan.groups)
+        if POD_GROUP not in backend.kinds:
+            # Only the native backend ties pods by spec.schedulingGroup; the others' pods carry
+            # an annotation or label and have none.
+            untied = None
         return cond.Situation(
             gangs=gangs,
             dropped=outcome.dropped,
+            untied=untied,
             infeasible=self._infeasible(raw, outcome)
             if not all(g.scheduled for g in gangs)
             else None,
@@ -270,9 +285,20 @@ class StatusWriter:
             note = f"every gang holds its minCount of live pods again: {desired.message}"
             self.events.record(raw, "Normal", "GangRecovered", "Watch", note)
 
+    def _follow_untied(self, key: Key, desired: cond.Desired | None) -> None:
+        untied = desired is not None and desired.reason == cond.PODS_UNTIED
+        if untied == (key in self.untied):
+            return
+        if untied:
+            self.untied.add(key)
+        else:
+            self.untied.discard(key)
+        self._publish()
+
     def _publish(self) -> None:
         if self.metrics is not None:
             self.metrics.gangs_degraded.set(sum(len(g) for g in self.degraded.values()))
+            self.metrics.gangs_with_untied_pods.set(len(self.untied))
 
     def _say_refused(self, key: Key, err: ApiException) -> None:
         status = int(err.status or 0)
@@ -291,16 +317,20 @@ class StatusWriter:
         )
 
 
-def _pods_by_group(plan: Plan, jobs: Mapping[JobKey, JobPods]) -> dict[str, cond.Pods]:
-    """Each group's live and succeeded pods, from one walk of the Jobs (whose keys come from pod
-    labels anyone who makes pods can set: work in their number, not times the groups')."""
+def _pods_by_group(plan: Plan, jobs: Mapping[JobKey, JobPods]) -> tuple[dict[str, cond.Pods], int]:
+    """Each group's live and succeeded pods, and the grouped Jobs' untied pods (pods of an
+    untargeted ReplicatedJob rightly have no group), from one walk of the Jobs (whose keys come
+    from pod labels anyone who makes pods can set: work in their number, not times the
+    groups')."""
     counts: dict[str, tuple[int, int]] = {}
+    untied = 0
     for (rj, index), job in jobs.items():
         group = plan.group_for(rj, index)
         if group is not None:
             live, succeeded = counts.get(group.pod_group_name, (0, 0))
             counts[group.pod_group_name] = (live + job.live, succeeded + job.succeeded)
-    return {name: cond.Pods(*c) for name, c in counts.items()}
+            untied += job.untied
+    return {name: cond.Pods(*c) for name, c in counts.items()}, untied
 
 
 def _gang(
