@@ -128,11 +128,24 @@ def test_a_version_1_snapshot_keeps_the_names_of_the_release_that_froze_it(
         assert tied_to(answer(client, review(attempt="3"))) == legacy  # as that release did
 
 
-def test_a_pod_is_held_until_the_runtime_is_frozen(server: RunningServer) -> None:
+def counted(server: RunningServer, family: str, reason: str) -> float:
+    value = server.service.metrics.registry.get_sample_value(f"{family}_total", {"reason": reason})
+    return value or 0.0
+
+
+def test_a_pod_is_held_until_the_runtime_is_frozen_and_each_hold_is_counted(
+    server: RunningServer,
+) -> None:
     with server.client() as client:
         held(answer(client, review()), "not frozen into the TrainJob yet")
+        held(answer(client, review()), "not frozen into the TrainJob yet")
+        assert counted(server, "trainjob_scheduling_pods_held", "NotFrozen") == 2
         freeze(server.cache)
         assert tied_to(answer(client, review())) is not None
+        assert counted(server, "trainjob_scheduling_pods_held", "NotFrozen") == 2
+        freeze(server.cache, snapshot(None))
+        assert tied_to(answer(client, review())) is None
+        assert counted(server, "trainjob_scheduling_pods_untied", "FrozenNoGang") == 1
 
 
 @pytest.mark.parametrize("state", ["not-served", "unknown"])

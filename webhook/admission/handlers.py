@@ -294,6 +294,8 @@ def _runtime_unknowable(trainjob: TrainJob, connected: bool) -> FieldError:
 # usually gone (the watch caught up, the reconciler froze the runtime, the old PodGroup went).
 
 HOLD_CODE = 403
+# A plan lookup that found no plan, as the reason label of a hold.
+_HELD_FOR = {"unfrozen": "NotFrozen", "no-runtime": "RuntimeNotFound", "invalid": "InvalidPlan"}
 
 
 def held(reason: str, why: str) -> Decision:
@@ -346,8 +348,10 @@ def _not_cached(
         if exists is False:
             return Decision(note=detail)  # a JobSet of the same name but no TrainJob
         if exists is None:
-            return held("lookup-failed", f"{detail}, and the API server could not be asked")
-        return held("not-cached", f'TrainJob "{trainjob}" is not in this replica\'s cache yet')
+            return held("LookupFailed", f"{detail}, and the API server could not be asked")
+        return held(
+            "TrainJobNotCached", f'TrainJob "{trainjob}" is not in this replica\'s cache yet'
+        )
 
     return asked()
 
@@ -358,11 +362,11 @@ def _tie(pod: dict[str, Any], labels: dict[str, Any], lookup: PlanLookup, cache:
         if lookup.state == "no-scheduling":
             return Decision()  # not a ganged TrainJob
         if lookup.state == "frozen-no-gang":
-            return Decision(note=f"not tied to a gang: {lookup.detail}", untied="frozen-no-gang")
-        return held(lookup.state, lookup.detail)  # unfrozen, no-runtime, invalid
+            return Decision(note=f"not tied to a gang: {lookup.detail}", untied="FrozenNoGang")
+        return held(_HELD_FOR.get(lookup.state, "Other"), lookup.detail)
     attempt = attempt_of(labels)
     if attempt is None:
-        return held("invalid-labels", f"its label {RESTART_ATTEMPT} is not a restart count")
+        return held("InvalidLabels", f"its label {RESTART_ATTEMPT} is not a restart count")
     plan = lookup.plan.at_attempt(attempt)
     group = group_for_labels(plan, labels)
     if group is None:
@@ -370,24 +374,24 @@ def _tie(pod: dict[str, Any], labels: dict[str, Any], lookup: PlanLookup, cache:
     backend = cache.backends.for_plan(plan)
     if backend is None:  # no gang will ever be made for it: let through, and count it
         note = f"not tied to a gang: no gang backend serves the scheduler {plan.scheduler_name!r}"
-        return Decision(note=note, untied="no-backend")
+        return Decision(note=note, untied="NoGangBackend")
     api = cache.api(backend)
     if api != "served":
         version = backend.kinds[0].group_version
         why = "is not served" if api == "not-served" else "is not known to be served yet"
-        return held(f"api-{api}", f"the gang API {version} {why}")
+        return held("GangApiUnavailable", f"the gang API {version} {why}")
     spec = pod.get("spec")
     scheduler = (spec.get("schedulerName") if isinstance(spec, dict) else None) or DEFAULT_SCHEDULER
     if scheduler != plan.scheduler_name:
         why = f"it names the scheduler {scheduler!r}, its gang is for {plan.scheduler_name!r}"
-        return held("scheduler-mismatch", why)
+        return held("SchedulerMismatch", why)
     if cache.foreign(backend, plan.trainjob_uid) is not None:
         note = "not tied to a gang: another controller schedules this TrainJob"
-        return Decision(note=note, untied="stood-down")
+        return Decision(note=note, untied="StoodDown")
     if not expresses(backend, plan):
-        return held("not-expressible", f"the {backend.name} backend cannot express its tree")
+        return held("GangKindUnavailable", f"the {backend.name} backend cannot express its tree")
     if cache.missing_kind(backend, plan) is not None:
-        return held("kind-not-served", "its tree needs CompositePodGroups, not served")
+        return held("GangKindUnavailable", "its tree needs CompositePodGroups, not served")
     blocked = _group_blocked(backend, plan, group, cache)
     if blocked is not None:
         return blocked
@@ -407,11 +411,11 @@ def _group_blocked(
         obj = entry.raw
         if not controlled_by(obj, plan.trainjob_uid) or not is_managed(obj):
             why = f"{kind.kind} {group.pod_group_name!r} exists but is not this TrainJob's"
-            return held("podgroup-foreign", why)
+            return held("PodGroupNotOurs", why)
         meta = obj.get("metadata")
         if isinstance(meta, dict) and meta.get("deletionTimestamp"):
             why = f"{kind.kind} {group.pod_group_name!r} of an earlier gang is still terminating"
-            return held("podgroup-terminating", why)
+            return held("PodGroupTerminating", why)
     return None
 
 

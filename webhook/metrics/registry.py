@@ -40,12 +40,18 @@ HELD_REASONS = (
     "SchedulerMismatch",  # the pod names another scheduler than its gang's
     "PodGroupTerminating",  # the PodGroup it would name is being deleted
     "PodGroupNotOurs",  # the PodGroup it would name was not made by this service for it
+    "LookupFailed",  # the TrainJob is not cached and the API server could not be asked
+    "RuntimeNotFound",  # no snapshot yet and its runtime is not in the cache
+    "InvalidPlan",  # its frozen runtime does not plan
+    "GangKindUnavailable",  # a tree its backend or the cluster cannot make
+    "InvalidLabels",  # its restart-attempt label is not a count
     "Other",
 )
 # Why a pod of a TrainJob whose runtime schedules gangs was admitted with no schedulingGroup.
 UNTIED_REASONS = (
     "FrozenNoGang",  # the TrainJob started without a gang: never ganged mid-flight
     "StoodDown",  # another controller schedules the TrainJob
+    "NoGangBackend",  # its pods name a scheduler no gang backend serves
     "Other",
 )
 RECONCILE_RESULTS = ("success", "error", "requeue", "requeue_after")

@@ -52,6 +52,11 @@ class WebhookMeter:
 
     def decided(self, operation: str, decision: Decision) -> None:
         self._decision(operation or "unknown", decision_label(decision)).inc()
+        if decision.untied:  # a ganged TrainJob's pod held, or let through without its group
+            if decision.allowed:
+                self.metrics.untied(decision.untied)
+            else:
+                self.metrics.held(decision.untied)
 
     def _decision(self, operation: str, decision: str) -> Counter:
         key = (operation, decision)

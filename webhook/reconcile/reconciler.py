@@ -19,6 +19,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from kubernetes.aio.client.exceptions import ApiException
@@ -47,6 +48,9 @@ log = logging.getLogger("webhook.reconciler")
 
 CONTROLLER = "trainjob-scheduling"
 EXPECTATION_TTL = 30.0  # seconds a created object stands in for its missing watch event
+# Seconds after a TrainJob's creation during which pods of its name that have no group may be
+# an earlier TrainJob's of the same name (the garbage collector deletes them within seconds).
+PREDECESSOR_GRACE = 30.0
 JsonObject = dict[str, Any]
 
 
@@ -84,6 +88,7 @@ class Reconciler:
         metrics: Metrics | None = None,
         status: StatusWriter | None = None,
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.cache = cache
         self.status = status  # the GangScheduling condition, written after each pass
@@ -92,6 +97,7 @@ class Reconciler:
         self.settings = settings
         self.metrics = metrics
         self.clock = clock
+        self.wall = wall  # compared with creationTimestamps
         self.backends = cache.backends
         self.kinds = cache.backends.kinds  # every backend's, each parents first
         self.queue: WorkQueue[Key] | None = None  # exists while leading
@@ -373,6 +379,10 @@ class Reconciler:
         if untied is None:
             return WAIT  # the pod watch has not listed: whether pods run loose is not known
         if untied:
+            if self._age(raw) < PREDECESSOR_GRACE:
+                # Pods of the name without a group may still be an earlier TrainJob's (deleted,
+                # and its pods not yet reached by the garbage collector): look again.
+                return WAIT
             # Its pods already run without a group (its runtime gained spec.scheduling while it
             # ran): a gang now would half-group it and hold its new pods for ever. Freeze "no
             # gang", as KEP-5547 does for a Job with pods (MixedSchedulingGroup).
@@ -415,6 +425,15 @@ class Reconciler:
         )
         changes.warn(self.events, raw, "MixedSchedulingGroup", "Reconcile", note)
         return DONE
+
+    def _age(self, raw: JsonObject) -> float:
+        """Seconds since the TrainJob was created (its creationTimestamp, by the wall clock)."""
+        created = _meta(raw).get("creationTimestamp")
+        try:
+            when = datetime.fromisoformat(str(created).replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            return PREDECESSOR_GRACE  # no readable time: as old as the grace
+        return self.wall() - when
 
     def _untied_pods(self, key: Key) -> int | None:
         """The TrainJob's pending or running pods without a scheduling group (None while the
