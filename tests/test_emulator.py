@@ -341,10 +341,10 @@ async def test_a_write_that_changes_nothing_stores_nothing() -> None:
 @pytest.mark.asyncio
 async def test_generation_counts_changes_to_anything_but_metadata_and_status() -> None:
     async with emulator() as (k, _):
-        await create(k, WORKLOADS, {**workload("w"), "spec": {"a": 1}})
-        labelled = await patch(k, WORKLOADS, NS, "w", {"metadata": {"labels": {"x": "y"}}})
-        with_status = await patch(k, WORKLOADS, NS, "w", {"status": {"ok": True}})
-        respecced = await patch(k, WORKLOADS, NS, "w", {"spec": {"a": 2}})
+        await create(k, LEASES, lease())
+        labelled = await patch(k, LEASES, NS, "lock", {"metadata": {"labels": {"x": "y"}}})
+        with_status = await patch(k, LEASES, NS, "lock", {"status": {"ok": True}})
+        respecced = await patch(k, LEASES, NS, "lock", {"spec": {"holderIdentity": "b"}})
         generations = [o["metadata"]["generation"] for o in (labelled, with_status, respecced)]
         assert generations == [1, 1, 2]
 
