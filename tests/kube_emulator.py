@@ -35,7 +35,26 @@ Writes (refusals carry the API server's `Status`: code, reason, message, details
   object with finalizers only gets a deletionTimestamp, and goes once a write removes the last;
 * once an object is gone, its dependents (an ownerReference with its uid) go too, recursively,
   as the garbage collector does with background propagation; a dependent with another live
-  owner only loses the dangling reference. `garbage_collection = False` turns this off.
+  owner only loses the dangling reference, one with finalizers gets a deletionTimestamp and
+  waits. `garbage_collection = False` turns this off;
+* a create gives a new uid, so an object deleted and created again under its name is another;
+* pods go at once when deleted, as if every kubelet stopped its containers in no time; with
+  `pod_grace = True` a pod on a node and not finished stays Terminating for its grace period
+  (DeleteOptions' `gracePeriodSeconds`, else its `terminationGracePeriodSeconds`, else 30:
+  deletionTimestamp and deletionGracePeriodSeconds set) until `finish_pods()` (the kubelet's
+  delete with grace 0) or a delete with `gracePeriodSeconds: 0`; time alone never ends it.
+
+Gang objects, as a 1.37 server with its controllers (shared/reference/real-cluster-notes.md):
+
+* a PodGroup gets the finalizer `scheduling.k8s.io/podgroup-protection` on create; deleted, it
+  stays Terminating while any pod of its namespace (a Terminating one too) names it in
+  `spec.schedulingGroup.podGroupName`, and loses the finalizer (and goes, unless another holds
+  it) once none does, as kube-controller-manager's protection controller does, here at once;
+* updates that change an immutable field are 422 `Invalid`, a cause per field worded
+  `<field>: Invalid value: <value>: field is immutable`: a PodGroup's spec but
+  `schedulingPolicy.gang.minCount`; a Workload's spec but each template's `gang.minCount`
+  (templates neither added, removed nor renamed); a CompositePodGroup's whole spec; a pod's
+  `spec.schedulingGroup` (the other rules on pod updates are not emulated).
 
 Failures for one request are kmock reactions, e.g. `next_requests(k[WATCH, TRAINJOBS], 2) <<
 status(500)`: they answer before the emulator's own (fallback) handlers, and, unlike in kmock's
@@ -81,7 +100,11 @@ shared/reference/crds gives the list types), as `tests/apiserver_apply.py` compu
   most 8, reason pattern, required fields, unique types): 422 `Invalid`, a cause per field.
 
 Not emulated: field selectors on other fields, dry runs, propagation policies other than
-background, managedFields on kinds without a CRD here, apply that creates, the schema of
+background, the defaults a server fills in on a PodGroup (`disruptionMode`, `priority`,
+`preemptionPolicy`), a PodGroup's status subresource, the protection controller adding its
+finalizer back to a live PodGroup a client stripped it from, any controller that sets pod
+labels (JobSet's `jobset.sigs.k8s.io/restart-attempt`: tests write them),
+managedFields on kinds without a CRD here, apply that creates, the schema of
 fields other than a custom resource's status (and the pruning of unknown fields), and the
 `ancient-changes` bucket for update managers past ten.
 """
@@ -1659,9 +1682,13 @@ async def delete(
     name: str,
     *,
     preconditions: Json | None = None,
+    grace_period_seconds: int | None = None,
 ) -> None:
-    """Deletes, with DeleteOptions `preconditions` (uid, resourceVersion) if given."""
-    body = {"preconditions": preconditions} if preconditions else None
+    """Deletes, with DeleteOptions `preconditions` (uid, resourceVersion) and
+    `gracePeriodSeconds` if given."""
+    body: Json | None = {"preconditions": preconditions} if preconditions else None
+    if grace_period_seconds is not None:
+        body = {**(body or {}), "gracePeriodSeconds": grace_period_seconds}
     async with k.delete(f"{_path(resource, namespace)}/{name}", json=body) as response:
         assert response.status == 200, await response.text()
 
