@@ -50,6 +50,10 @@ Gang objects, as a 1.37 server with its controllers (shared/reference/real-clust
   stays Terminating while any pod of its namespace (a Terminating one too) names it in
   `spec.schedulingGroup.podGroupName`, and loses the finalizer (and goes, unless another holds
   it) once none does, as kube-controller-manager's protection controller does, here at once;
+* with `pod_group_defaults = True`, a PodGroup's create fills in `disruptionMode: {single: {}}`,
+  `priority: 0` and `preemptionPolicy: PreemptLowerPriority` where unset, as defaulting and
+  the Priority admission plugin (no class) do; `feature_gates_off` (e.g.
+  `{"TopologyAwareWorkloadScheduling"}`) drops the gated fields from a gang object's create;
 * updates that change an immutable field are 422 `Invalid`, a cause per field worded
   `<field>: Invalid value: <value>: field is immutable`: a PodGroup's spec but
   `schedulingPolicy.gang.minCount`; a Workload's spec but each template's `gang.minCount`
@@ -100,8 +104,7 @@ shared/reference/crds gives the list types), as `tests/apiserver_apply.py` compu
   most 8, reason pattern, required fields, unique types): 422 `Invalid`, a cause per field.
 
 Not emulated: field selectors on other fields, dry runs, propagation policies other than
-background, the defaults a server fills in on a PodGroup (`disruptionMode`, `priority`,
-`preemptionPolicy`), a PodGroup's status subresource, the protection controller adding its
+background, a PodGroup's status subresource, the protection controller adding its
 finalizer back to a live PodGroup a client stripped it from, any controller that sets pod
 labels (JobSet's `jobset.sigs.k8s.io/restart-attempt`: tests write them),
 managedFields on kinds without a CRD here, apply that creates, the schema of
@@ -166,6 +169,17 @@ VALIDATING_CONFIGS = kmock.resource(
 
 # Held by every PodGroup while a pod (even a Terminating one) names it in its schedulingGroup.
 POD_GROUP_PROTECTION = "scheduling.k8s.io/podgroup-protection"
+# Filled in on a PodGroup's create: defaulting, and the Priority admission plugin (no class).
+_POD_GROUP_DEFAULTS = {
+    "disruptionMode": {"single": {}},
+    "priority": 0,
+    "preemptionPolicy": "PreemptLowerPriority",
+}
+# The gang objects' fields behind a feature gate, by gate.
+_GATED_FIELDS = {
+    "TopologyAwareWorkloadScheduling": "schedulingConstraints",
+    "DRAWorkloadResourceClaims": "resourceClaims",
+}
 
 LIST = kmock.action.LIST
 WATCH = kmock.action.WATCH
@@ -569,6 +583,11 @@ class VersionedEmulator(KubernetesEmulator):
     # Pods deleted with a grace period stay Terminating until `finish_pods()` (off: they go at
     # once, as if every kubelet stopped its containers in no time).
     pod_grace: bool = False
+    # What a real server fills in on a PodGroup's create (off: stored as sent).
+    pod_group_defaults: bool = False
+    # Feature gates off on this server (e.g. "TopologyAwareWorkloadScheduling"): their fields
+    # are dropped from the gang objects a create stores.
+    feature_gates_off: set[str] = attrs.field(factory=set)
 
     _rv: int = attrs.field(default=0, init=False)
     _compacted: int = attrs.field(default=0, init=False)
@@ -805,6 +824,11 @@ class VersionedEmulator(KubernetesEmulator):
             meta["namespace"] = namespace
         key = (resource, namespace, name)
         _validate(resource, name, obj, None)
+        self._drop_gated_fields(resource, obj)
+        if resource == POD_GROUPS and self.pod_group_defaults:
+            spec = obj.setdefault("spec", {})
+            for field, default in _POD_GROUP_DEFAULTS.items():
+                spec.setdefault(field, copy.deepcopy(default))
         if resource == POD_GROUPS:
             # kube-apiserver's PodGroup protection: the finalizer is there from the create on.
             finalizers = list(meta.get("finalizers") or [])
@@ -827,6 +851,26 @@ class VersionedEmulator(KubernetesEmulator):
             created = await self._commit(key, "ADDED", obj)
         self._created.add(request)  # answered 201 Created (see _handle)
         return created
+
+    def _drop_gated_fields(self, resource: kmock.resource, obj: Json) -> None:
+        """A create's fields behind a feature gate in `feature_gates_off`, dropped as the API
+        server drops a disabled field (no error): from a PodGroup's or CompositePodGroup's
+        spec and from every template of a Workload."""
+        dropped = [f for gate, f in _GATED_FIELDS.items() if gate in self.feature_gates_off]
+        if not dropped or resource not in (POD_GROUPS, COMPOSITE_POD_GROUPS, WORKLOADS):
+            return
+
+        def drop(node: Any, here: bool) -> None:
+            if isinstance(node, list):
+                for item in node:
+                    drop(item, True)
+            elif isinstance(node, dict):
+                for field in dropped if here else ():
+                    node.pop(field, None)
+                for key in ("podGroupTemplates", "compositePodGroupTemplates"):
+                    drop(node.get(key), False)
+
+        drop(obj.get("spec"), resource != WORKLOADS)
 
     async def _serve_replace(self, request: kmock.Request) -> kmock.Payload:
         """PUT: the body is the whole new object (of `.../status`: its status)."""

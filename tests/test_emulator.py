@@ -761,6 +761,27 @@ async def test_garbage_collection_of_a_pod_group_waits_for_the_pods_that_name_it
 
 
 @pytest.mark.asyncio
+async def test_a_pod_group_gets_the_server_defaults_and_loses_fields_of_gates_off() -> None:
+    async with emulator() as (k, _):
+        k.pod_group_defaults = True
+        filled = await create(k, POD_GROUPS, pod_group())
+        assert filled["spec"] == {
+            **pod_group()["spec"],
+            "disruptionMode": {"single": {}},
+            "priority": 0,
+            "preemptionPolicy": "PreemptLowerPriority",
+        }
+        k.pod_group_defaults = False
+        k.feature_gates_off = {"TopologyAwareWorkloadScheduling"}
+        bare = await create(k, POD_GROUPS, pod_group("h"))
+        assert "schedulingConstraints" not in bare["spec"]
+        assert bare["spec"]["schedulingPolicy"] == GANG
+        stored = await create(k, WORKLOADS, gang_workload("node", "launcher"))
+        for template in stored["spec"]["podGroupTemplates"]:
+            assert "schedulingConstraints" not in template and template["schedulingPolicy"] == GANG
+
+
+@pytest.mark.asyncio
 async def test_an_object_deleted_and_created_again_gets_another_uid() -> None:
     async with emulator() as (k, _):
         first = await create(k, WORKLOADS, gang_workload())
