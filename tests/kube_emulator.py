@@ -35,7 +35,30 @@ Writes (refusals carry the API server's `Status`: code, reason, message, details
   object with finalizers only gets a deletionTimestamp, and goes once a write removes the last;
 * once an object is gone, its dependents (an ownerReference with its uid) go too, recursively,
   as the garbage collector does with background propagation; a dependent with another live
-  owner only loses the dangling reference. `garbage_collection = False` turns this off.
+  owner only loses the dangling reference, one with finalizers gets a deletionTimestamp and
+  waits. `garbage_collection = False` turns this off;
+* a create gives a new uid, so an object deleted and created again under its name is another;
+* pods go at once when deleted, as if every kubelet stopped its containers in no time; with
+  `pod_grace = True` a pod on a node and not finished stays Terminating for its grace period
+  (DeleteOptions' `gracePeriodSeconds`, else its `terminationGracePeriodSeconds`, else 30:
+  deletionTimestamp and deletionGracePeriodSeconds set) until `finish_pods()` (the kubelet's
+  delete with grace 0) or a delete with `gracePeriodSeconds: 0`; time alone never ends it.
+
+Gang objects, as a 1.37 server with its controllers (shared/reference/real-cluster-notes.md):
+
+* a PodGroup gets the finalizer `scheduling.k8s.io/podgroup-protection` on create; deleted, it
+  stays Terminating while any pod of its namespace (a Terminating one too) names it in
+  `spec.schedulingGroup.podGroupName`, and loses the finalizer (and goes, unless another holds
+  it) once none does, as kube-controller-manager's protection controller does, here at once;
+* with `pod_group_defaults = True`, a PodGroup's create fills in `disruptionMode: {single: {}}`,
+  `priority: 0` and `preemptionPolicy: PreemptLowerPriority` where unset, as defaulting and
+  the Priority admission plugin (no class) do; `feature_gates_off` (e.g.
+  `{"TopologyAwareWorkloadScheduling"}`) drops the gated fields from a gang object's create;
+* updates that change an immutable field are 422 `Invalid`, a cause per field worded
+  `<field>: Invalid value: <value>: field is immutable`: a PodGroup's spec but
+  `schedulingPolicy.gang.minCount`; a Workload's spec but each template's `gang.minCount`
+  (templates neither added, removed nor renamed); a CompositePodGroup's whole spec; a pod's
+  `spec.schedulingGroup` (the other rules on pod updates are not emulated).
 
 Failures for one request are kmock reactions, e.g. `next_requests(k[WATCH, TRAINJOBS], 2) <<
 status(500)`: they answer before the emulator's own (fallback) handlers, and, unlike in kmock's
@@ -81,7 +104,10 @@ shared/reference/crds gives the list types), as `tests/apiserver_apply.py` compu
   most 8, reason pattern, required fields, unique types): 422 `Invalid`, a cause per field.
 
 Not emulated: field selectors on other fields, dry runs, propagation policies other than
-background, managedFields on kinds without a CRD here, apply that creates, the schema of
+background, a PodGroup's status subresource, the protection controller adding its
+finalizer back to a live PodGroup a client stripped it from, any controller that sets pod
+labels (JobSet's `jobset.sigs.k8s.io/restart-attempt`: tests write them),
+managedFields on kinds without a CRD here, apply that creates, the schema of
 fields other than a custom resource's status (and the pruning of unknown fields), and the
 `ancient-changes` bucket for update managers past ten.
 """
@@ -140,6 +166,20 @@ MUTATING_CONFIGS = kmock.resource(
 VALIDATING_CONFIGS = kmock.resource(
     "admissionregistration.k8s.io", "v1", "validatingwebhookconfigurations"
 )
+
+# Held by every PodGroup while a pod (even a Terminating one) names it in its schedulingGroup.
+POD_GROUP_PROTECTION = "scheduling.k8s.io/podgroup-protection"
+# Filled in on a PodGroup's create: defaulting, and the Priority admission plugin (no class).
+_POD_GROUP_DEFAULTS = {
+    "disruptionMode": {"single": {}},
+    "priority": 0,
+    "preemptionPolicy": "PreemptLowerPriority",
+}
+# The gang objects' fields behind a feature gate, by gate.
+_GATED_FIELDS = {
+    "TopologyAwareWorkloadScheduling": "schedulingConstraints",
+    "DRAWorkloadResourceClaims": "resourceClaims",
+}
 
 LIST = kmock.action.LIST
 WATCH = kmock.action.WATCH
@@ -290,7 +330,8 @@ def invalid_object(resource: kmock.resource, kind: str, name: str, causes: list[
     """A custom resource its CRD's schema rejects, a cause per field."""
     texts = [f"{c['field']}: {c['message']}" for c in causes]
     listed = texts[0] if len(texts) == 1 else "[" + ", ".join(texts) + "]"
-    message = f'{kind}.{resource.group} "{name}" is invalid: {listed}'
+    qualified = f"{kind}.{resource.group}" if resource.group else kind  # `Pod "x"`, core group
+    message = f'{qualified} "{name}" is invalid: {listed}'
     details = {"name": name, "group": resource.group, "kind": kind, "causes": causes}
     return ApiError(422, "Invalid", message, details)
 
@@ -452,9 +493,29 @@ def merge_patch(target: Any, patch: Any) -> Any:
     return merged
 
 
-def _now() -> str:
-    """A metav1.Time: RFC 3339, UTC, whole seconds."""
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+def _now(later: int = 0) -> str:
+    """A metav1.Time, `later` seconds from now: RFC 3339, UTC, whole seconds."""
+    when = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=later)
+    return when.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _pod_group_name(pod: Json) -> str | None:
+    """The PodGroup a pod names in `spec.schedulingGroup.podGroupName`, if any."""
+    spec = pod.get("spec")
+    group = spec.get("schedulingGroup") if isinstance(spec, dict) else None
+    name = group.get("podGroupName") if isinstance(group, dict) else None
+    return name if isinstance(name, str) else None
+
+
+def _grace_period(request: kmock.Request, options: Json) -> int | None:
+    """DeleteOptions' gracePeriodSeconds, in the body or as a query parameter (None: unset)."""
+    value = options.get("gracePeriodSeconds", request.params.get("gracePeriodSeconds"))
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise bad_request(f"invalid gracePeriodSeconds: {value}") from None
 
 
 def _meta(obj: Json) -> Json:
@@ -519,6 +580,14 @@ class VersionedEmulator(KubernetesEmulator):
     the API server's rules for writes (see the module's docstring)."""
 
     garbage_collection: bool = True  # delete the dependents of what is deleted, by ownerReferences
+    # Pods deleted with a grace period stay Terminating until `finish_pods()` (off: they go at
+    # once, as if every kubelet stopped its containers in no time).
+    pod_grace: bool = False
+    # What a real server fills in on a PodGroup's create (off: stored as sent).
+    pod_group_defaults: bool = False
+    # Feature gates off on this server (e.g. "TopologyAwareWorkloadScheduling"): their fields
+    # are dropped from the gang objects a create stores.
+    feature_gates_off: set[str] = attrs.field(factory=set)
 
     _rv: int = attrs.field(default=0, init=False)
     _compacted: int = attrs.field(default=0, init=False)
@@ -755,6 +824,16 @@ class VersionedEmulator(KubernetesEmulator):
             meta["namespace"] = namespace
         key = (resource, namespace, name)
         _validate(resource, name, obj, None)
+        self._drop_gated_fields(resource, obj)
+        if resource == POD_GROUPS and self.pod_group_defaults:
+            spec = obj.setdefault("spec", {})
+            for field, default in _POD_GROUP_DEFAULTS.items():
+                spec.setdefault(field, copy.deepcopy(default))
+        if resource == POD_GROUPS:
+            # kube-apiserver's PodGroup protection: the finalizer is there from the create on.
+            finalizers = list(meta.get("finalizers") or [])
+            if POD_GROUP_PROTECTION not in finalizers:
+                meta["finalizers"] = [*finalizers, POD_GROUP_PROTECTION]
         if "status" in self._subresources(resource):
             obj.pop("status", None)  # written only through `.../status`
         schema = _schema(resource)
@@ -772,6 +851,26 @@ class VersionedEmulator(KubernetesEmulator):
             created = await self._commit(key, "ADDED", obj)
         self._created.add(request)  # answered 201 Created (see _handle)
         return created
+
+    def _drop_gated_fields(self, resource: kmock.resource, obj: Json) -> None:
+        """A create's fields behind a feature gate in `feature_gates_off`, dropped as the API
+        server drops a disabled field (no error): from a PodGroup's or CompositePodGroup's
+        spec and from every template of a Workload."""
+        dropped = [f for gate, f in _GATED_FIELDS.items() if gate in self.feature_gates_off]
+        if not dropped or resource not in (POD_GROUPS, COMPOSITE_POD_GROUPS, WORKLOADS):
+            return
+
+        def drop(node: Any, here: bool) -> None:
+            if isinstance(node, list):
+                for item in node:
+                    drop(item, True)
+            elif isinstance(node, dict):
+                for field in dropped if here else ():
+                    node.pop(field, None)
+                for key in ("podGroupTemplates", "compositePodGroupTemplates"):
+                    drop(node.get(key), False)
+
+        drop(obj.get("spec"), resource != WORKLOADS)
 
     async def _serve_replace(self, request: kmock.Request) -> kmock.Payload:
         """PUT: the body is the whole new object (of `.../status`: its status)."""
@@ -963,7 +1062,11 @@ class VersionedEmulator(KubernetesEmulator):
             meta.pop("managedFields", None)
         changed = _content(new) != _content(stored)
         meta["generation"] = int(old.get("generation") or 1) + (1 if changed else 0)
-        if old.get("deletionTimestamp") and not meta.get("finalizers"):
+        if (
+            old.get("deletionTimestamp")
+            and not meta.get("finalizers")
+            and not old.get("deletionGracePeriodSeconds")  # a pod's kubelet has not finished
+        ):
             return await self._remove(key, stored)  # the last finalizer is gone: delete for real
         if new == stored:
             return stored  # a no-op: no new version, no event
@@ -986,7 +1089,9 @@ class VersionedEmulator(KubernetesEmulator):
             raise ApiError(405, "MethodNotAllowed", "the server does not allow this method")
         name = request.name or ""
         options = _json_body(request)
-        preconditions = options.get("preconditions") if isinstance(options, dict) else None
+        options = options if isinstance(options, dict) else {}
+        preconditions = options.get("preconditions")
+        grace = _grace_period(request, options)
         key = (resource, request.namespace, name)
         async with self._store_lock:
             stored = self._live(key)
@@ -1000,23 +1105,105 @@ class VersionedEmulator(KubernetesEmulator):
                     raise conflict(
                         resource, name, why + f"{label} in object meta: {meta.get(field)}"
                     )
-            return await self._delete(key, stored)
+            return await self._delete(key, stored, grace)
 
-    async def _delete(self, key: Key, stored: Json) -> Json:
+    async def _delete(self, key: Key, stored: Json, grace: int | None = None) -> Json:
+        """A delete: at once, or, with finalizers or a pod's grace period, a deletionTimestamp
+        first. `grace` is DeleteOptions' gracePeriodSeconds (None: the object's default)."""
         meta = _meta(stored)
+        period = self._grace_of(key, stored, grace)
         if meta.get("deletionTimestamp"):
+            if key[0] == PODS and period == 0 and meta.get("deletionGracePeriodSeconds"):
+                return await self._finish_pod(key, stored)  # a force delete cuts the grace
             return stored  # already on its way out
+        if period or meta.get("finalizers"):
+            meta.update(deletionTimestamp=_now(period), deletionGracePeriodSeconds=period)
+            marked = await self._commit(key, "MODIFIED", stored)
+            if key[0] == POD_GROUPS:
+                await self._protect_pod_groups(key[1])
+            return marked
+        return await self._remove(key, stored)
+
+    def _grace_of(self, key: Key, obj: Json, grace: int | None) -> int:
+        """The seconds a delete leaves the object Terminating before it goes (pods only, and
+        only with `pod_grace`): the DeleteOptions', else the pod's
+        terminationGracePeriodSeconds (30 by default); 0 for a pod on no node or finished, as
+        the API server's pod strategy (CheckGracefulDelete) says."""
+        if key[0] != PODS or not self.pod_grace:
+            return 0
+        spec = obj.get("spec") if isinstance(obj.get("spec"), dict) else {}
+        pod_status = obj.get("status") if isinstance(obj.get("status"), dict) else {}
+        assert isinstance(spec, dict) and isinstance(pod_status, dict)
+        if not spec.get("nodeName") or pod_status.get("phase") in ("Succeeded", "Failed"):
+            return 0
+        if grace is None:
+            default = spec.get("terminationGracePeriodSeconds")
+            grace = default if isinstance(default, int) else 30
+        return max(grace, 0)
+
+    async def _finish_pod(self, key: Key, stored: Json) -> Json:
+        """The kubelet's last word on a Terminating pod (a delete with grace 0): it goes, once
+        its finalizers are gone too."""
+        meta = _meta(stored)
+        meta["deletionGracePeriodSeconds"] = 0
         if meta.get("finalizers"):
-            meta.update(deletionTimestamp=_now(), deletionGracePeriodSeconds=0)
             return await self._commit(key, "MODIFIED", stored)
         return await self._remove(key, stored)
+
+    async def finish_pods(self, namespace: str | None = None, name: str | None = None) -> int:
+        """As kubelets whose containers have stopped: every Terminating pod (of `namespace`,
+        named `name`, if given) in its grace period goes (or waits for its finalizers).
+        Returns how many pods were finished."""
+        finished = 0
+        async with self._store_lock:
+            for key, obj in list(self.objects.items()):
+                resource, ns, pod = key
+                if resource != PODS or obj.deleted:
+                    continue
+                if namespace not in (None, ns) or name not in (None, pod):
+                    continue
+                live = self._live(key)
+                meta = _meta(live) if live is not None else {}
+                if live is not None and meta.get("deletionGracePeriodSeconds"):
+                    await self._finish_pod(key, live)
+                    finished += 1
+        return finished
 
     async def _remove(self, key: Key, stored: Json) -> Json:
         removed = await self._commit(key, "DELETED", stored)
         uid = _meta(stored).get("uid")
         if self.garbage_collection and uid:
             await self._collect(uid)
+        if key[0] == PODS:
+            await self._protect_pod_groups(key[1])
         return removed
+
+    async def _protect_pod_groups(self, namespace: str | None) -> None:
+        """kube-controller-manager's PodGroup protection: a Terminating PodGroup of `namespace`
+        loses its finalizer once no pod there (Terminating ones included) names it in
+        `spec.schedulingGroup.podGroupName`; then it goes unless another finalizer holds it."""
+        named = {
+            _pod_group_name(obj.raw)
+            for (resource, ns, _), obj in self.objects.items()
+            if resource == PODS and ns == namespace and not obj.deleted
+        }
+        for key, obj in list(self.objects.items()):
+            resource, ns, name = key
+            if resource != POD_GROUPS or ns != namespace or obj.deleted or name in named:
+                continue
+            meta = _meta(obj.raw)
+            if not meta.get("deletionTimestamp"):
+                continue
+            if POD_GROUP_PROTECTION not in (meta.get("finalizers") or []):
+                continue
+            released = copy.deepcopy(obj.raw)
+            others = [f for f in _meta(released)["finalizers"] if f != POD_GROUP_PROTECTION]
+            _meta(released)["finalizers"] = others
+            if not others:
+                _meta(released).pop("finalizers")
+                await self._remove(key, released)
+            else:
+                await self._commit(key, "MODIFIED", released)
 
     async def _collect(self, uid: str) -> None:
         """The garbage collector, once the object with `uid` is gone: its dependents go, or, if
@@ -1043,7 +1230,13 @@ class VersionedEmulator(KubernetesEmulator):
 
 
 def _validate(resource: kmock.resource, name: str, obj: Json, old: Json | None) -> None:
-    """The API server's validation of the Secrets the service writes."""
+    """The API server's validation of the Secrets the service writes, and of updates to the
+    gang objects' and pods' immutable fields."""
+    if old is not None and resource in _IMMUTABLE_SPECS:
+        causes = _IMMUTABLE_SPECS[resource](_spec(old), _spec(obj))
+        if causes:
+            kind = _IMMUTABLE_KINDS[resource]
+            raise invalid_object(resource, kind, name, causes)
     if resource != SECRETS:
         return
     kind = obj.get("type") or "Opaque"
@@ -1056,6 +1249,99 @@ def _validate(resource: kmock.resource, name: str, obj: Json, old: Json | None) 
         missing = [f"data[{k}]: Required value" for k in ("tls.crt", "tls.key") if k not in data]
         if missing:
             raise invalid(resource, name, f'Secret "{name}" is invalid: ' + ", ".join(missing))
+
+
+# --- immutable fields, as the API server's update validation words them ------------------------
+
+
+def _spec(obj: Json) -> Json:
+    spec = obj.get("spec")
+    return spec if isinstance(spec, dict) else {}
+
+
+def _immutable(field: str, value: Any) -> Json:
+    """apimachinery's ValidateImmutableField: `Invalid value: <value>: field is immutable`."""
+    shown = json.dumps(value, separators=(",", ":")) if value is not None else "null"
+    message = f"Invalid value: {shown}: field is immutable"
+    return {"reason": "FieldValueInvalid", "message": message, "field": field}
+
+
+def _without_min_count(value: Any) -> Any:
+    """`value` with every `gang.minCount` left out: the one field of a gang that may change
+    (since 1.37); switching `gang` and `basic` still shows."""
+    if isinstance(value, list):
+        return [_without_min_count(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    out = {k: _without_min_count(v) for k, v in value.items()}
+    gang = out.get("gang")
+    if isinstance(gang, dict) and "minCount" in gang:
+        out["gang"] = {k: v for k, v in gang.items() if k != "minCount"}
+    return out
+
+
+def _changed_fields(old: Json, new: Json, where: str, mutable_min_count: bool) -> list[Json]:
+    """A cause per field of `where` that differs (but `gang.minCount`, if that may change)."""
+    causes = []
+    for key in sorted(set(old) | set(new)):
+        before, after = old.get(key), new.get(key)
+        if mutable_min_count:
+            before, after = _without_min_count(before), _without_min_count(after)
+        if before != after:
+            causes.append(_immutable(f"{where}.{key}", new.get(key)))
+    return causes
+
+
+def _pod_group_update(old: Json, new: Json) -> list[Json]:
+    """PodGroup: every spec field is immutable but `schedulingPolicy.gang.minCount`."""
+    return _changed_fields(old, new, "spec", mutable_min_count=True)
+
+
+def _workload_update(old: Json, new: Json) -> list[Json]:
+    """Workload: templates can be neither added nor removed; in each, every field is immutable
+    but `schedulingPolicy.gang.minCount`; every other spec field is immutable."""
+    key = "podGroupTemplates"
+    others_old = {k: v for k, v in old.items() if k != key}
+    others_new = {k: v for k, v in new.items() if k != key}
+    causes = _changed_fields(others_old, others_new, "spec", mutable_min_count=True)
+    before, after = old.get(key) or [], new.get(key) or []
+    if [_template_name(t) for t in before] != [_template_name(t) for t in after]:
+        return [*causes, _immutable(f"spec.{key}", new.get(key))]
+    for index, (was, now) in enumerate(zip(before, after, strict=True)):
+        if isinstance(was, dict) and isinstance(now, dict):
+            causes += _changed_fields(was, now, f"spec.{key}[{index}]", mutable_min_count=True)
+    return causes
+
+
+def _template_name(template: Any) -> Any:
+    return template.get("name") if isinstance(template, dict) else template
+
+
+def _composite_update(old: Json, new: Json) -> list[Json]:
+    """CompositePodGroup (v1alpha3): every spec field is immutable."""
+    return _changed_fields(old, new, "spec", mutable_min_count=False)
+
+
+def _pod_update(old: Json, new: Json) -> list[Json]:
+    """Pod: `spec.schedulingGroup` is set at creation only (the other rules on pod updates,
+    which allow little else, are not emulated)."""
+    if old.get("schedulingGroup") == new.get("schedulingGroup"):
+        return []
+    return [_immutable("spec.schedulingGroup", new.get("schedulingGroup"))]
+
+
+_IMMUTABLE_KINDS = {
+    POD_GROUPS: "PodGroup",
+    WORKLOADS: "Workload",
+    COMPOSITE_POD_GROUPS: "CompositePodGroup",
+    PODS: "Pod",
+}
+_IMMUTABLE_SPECS: dict[kmock.resource, Callable[[Json, Json], list[Json]]] = {
+    POD_GROUPS: _pod_group_update,
+    WORKLOADS: _workload_update,
+    COMPOSITE_POD_GROUPS: _composite_update,
+    PODS: _pod_update,
+}
 
 
 def _preconditions(resource: kmock.resource, name: str, meta: Json, old: Json) -> None:
@@ -1440,9 +1726,13 @@ async def delete(
     name: str,
     *,
     preconditions: Json | None = None,
+    grace_period_seconds: int | None = None,
 ) -> None:
-    """Deletes, with DeleteOptions `preconditions` (uid, resourceVersion) if given."""
-    body = {"preconditions": preconditions} if preconditions else None
+    """Deletes, with DeleteOptions `preconditions` (uid, resourceVersion) and
+    `gracePeriodSeconds` if given."""
+    body: Json | None = {"preconditions": preconditions} if preconditions else None
+    if grace_period_seconds is not None:
+        body = {**(body or {}), "gracePeriodSeconds": grace_period_seconds}
     async with k.delete(f"{_path(resource, namespace)}/{name}", json=body) as response:
         assert response.status == 200, await response.text()
 

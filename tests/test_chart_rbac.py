@@ -337,13 +337,18 @@ def test_the_service_runs_on_the_charts_rbac_alone(tmp_path: Path, rendered: Ren
                 return found if len(found) == 2 else None
 
             block = api.eventually(composites, "the tree's two CompositePodGroups", served)[1]
-            changed = {"spec": {"schedulingConstraints": {"topology": [{"key": "other"}]}}}
-            api.run(patch(api.k, COMPOSITE_POD_GROUPS, ns, block["metadata"]["name"], changed))
+            # Someone replaces it with another constraint (the API server refuses to change
+            # it in place).
+            changed = copy.deepcopy(block)
+            changed["spec"]["schedulingConstraints"] = {"topology": [{"key": "other"}]}
+            api.run(delete(api.k, COMPOSITE_POD_GROUPS, ns, block["metadata"]["name"]))
+            replaced = api.run(create(api.k, COMPOSITE_POD_GROUPS, changed))
+            earlier = (None, block["metadata"]["uid"], replaced["metadata"]["uid"])
 
             def remade() -> bool:
                 now = api.get(COMPOSITE_POD_GROUPS, ns, block["metadata"]["name"]) or {}
                 uid = now.get("metadata", {}).get("uid")
-                return uid not in (None, block["metadata"]["uid"]) and now["spec"] == block["spec"]
+                return uid not in earlier and now["spec"] == block["spec"]
 
             api.eventually(remade, "the changed CompositePodGroup made again", served)
             api.run(delete(api.k, TRAINJOBS, ns, "tree-job"))

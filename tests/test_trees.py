@@ -546,18 +546,22 @@ async def test_the_reconciler_builds_repairs_suspends_resumes_and_removes_a_tree
         assert kinds == ["workloads", "compositepodgroups", "compositepodgroups", "podgroups",
                          "podgroups"], kinds  # fmt: skip
 
-        # Someone changes the block composite: immutable, so the whole tree is made again.
+        # Someone replaces the block composite with another constraint (the API server
+        # refuses to change it in place): immutable, so the whole tree is made again.
         block = plan.composites[1].name
         before = stored(w.k, COMPOSITE_POD_GROUPS, block)
         assert before is not None
-        await patch(w.k, COMPOSITE_POD_GROUPS, NS, block,
-                    {"spec": {"schedulingConstraints": RACK}})  # fmt: skip
+        drifted = copy.deepcopy(before)
+        drifted["spec"]["schedulingConstraints"] = RACK
+        await delete(w.k, COMPOSITE_POD_GROUPS, NS, block)
+        replaced = await create(w.k, COMPOSITE_POD_GROUPS, drifted)
+        earlier = (before["metadata"]["uid"], replaced["metadata"]["uid"])
 
         def rebuilt() -> bool:
             now = stored(w.k, COMPOSITE_POD_GROUPS, block)
             return (
                 now is not None
-                and now["metadata"]["uid"] != before["metadata"]["uid"]
+                and now["metadata"]["uid"] not in earlier
                 and now["spec"]["schedulingConstraints"] == BLOCK
                 and built()
             )
