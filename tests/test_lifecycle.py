@@ -39,9 +39,10 @@ from tests.kube_emulator import (
     eventually,
     patch,
 )
-from tests.test_reconciler import NAME, NS, cluster_runtime, events, stored, trainjob
-from tests.test_status import NUM_NODES, Service
+from tests.test_reconciler import NAME, NS, cluster_runtime, events, stored
+from tests.test_status import NUM_NODES, Service, small_trainjob
 from webhook.admission.handlers import HOLD_CODE
+from webhook.backends.native import WORKLOAD
 from webhook.core import naming
 from webhook.core.snapshot import SNAPSHOT_ANNOTATION
 from webhook.kube.lookup import TrainJobLookup, api_ask
@@ -74,13 +75,13 @@ async def webhook(service: Service, cert_dir: Path) -> AsyncIterator[httpx.Async
     verify = ssl.create_default_context(cafile=str(cert_dir / "ca.crt"))
     health = f"http://127.0.0.1:{settings.health_port}/readyz"
     async with httpx.AsyncClient(timeout=10) as probe:
-
-        async def ready() -> bool:
+        for _ in range(200):
             with contextlib.suppress(httpx.HTTPError):
-                return (await probe.get(health)).status_code == 200
-            return False
-
-        await eventually(ready, "the webhook ready")
+                if (await probe.get(health)).status_code == 200:
+                    break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("the webhook never became ready")
     url = f"https://localhost:{settings.port}"
     try:
         async with httpx.AsyncClient(base_url=url, verify=verify, timeout=10) as client:
@@ -123,6 +124,8 @@ class Jobs:
             pod = jsonpatch.apply_patch(pod, ops)
         pod["spec"]["nodeName"] = "node-1"  # bound, so its deletion waits for its grace
         pod["metadata"].pop("generateName", None)
+        # The Job controller's tracking finalizer: no Job controller here removes it.
+        pod["metadata"].pop("finalizers", None)
         created: dict[str, Any] = await create(self.k, PODS, pod)
         return created
 
@@ -181,7 +184,7 @@ async def cluster(tmp_path: Path, **service: Any) -> AsyncIterator[tuple[Service
 async def a_running_gang(s: Service, jobs: Jobs) -> tuple[str, dict[str, Any]]:
     """The runtime, the TrainJob and its 4 pods, each tied to the gang: (uid, PodGroup)."""
     await create(s.k, CLUSTER_RUNTIMES, cluster_runtime())
-    tj = await create(s.k, TRAINJOBS, trainjob() | {})
+    tj = await create(s.k, TRAINJOBS, small_trainjob())
     uid = tj["metadata"]["uid"]
     group = await the_gang_of(s.k, uid)
     pods = await jobs.gang()
@@ -211,17 +214,17 @@ async def test_a_trainjob_re_applied_under_its_name_gets_a_gang_of_its_own(tmp_p
     made at once and its pods never meet the old one."""
     async with cluster(tmp_path) as (s, jobs):
         old_uid, old_group = await a_running_gang(s, jobs)
-        await delete(s.k, TRAINJOBS, NAME, NS)
+        await delete(s.k, TRAINJOBS, NS, NAME)
         # The garbage collector deletes the PodGroup; its pods still name it, so it stays.
         for o in [o for (r, _, _), o in list(s.k.objects.items()) if r == PODS]:
-            await delete(s.k, PODS, o.raw["metadata"]["name"], NS)
+            await delete(s.k, PODS, NS, o.raw["metadata"]["name"])
 
         def terminating() -> bool:
             found = pod_group(s.k, old_group["metadata"]["name"])
             return found is not None and bool(found["metadata"].get("deletionTimestamp"))
 
         await eventually(terminating, "the old PodGroup Terminating")
-        new = await create(s.k, TRAINJOBS, trainjob())
+        new = await create(s.k, TRAINJOBS, small_trainjob())
         new_uid = new["metadata"]["uid"]
         assert new_uid != old_uid
         group = await the_gang_of(s.k, new_uid)
@@ -243,16 +246,16 @@ async def test_resume_while_the_old_pod_group_terminates_holds_pods_until_it_is_
     async with cluster(tmp_path) as (s, jobs):
         uid, group = await a_running_gang(s, jobs)
         name = group["metadata"]["name"]
-        await patch(s.k, TRAINJOBS, NAME, {"spec": {"suspend": True}}, NS)
+        await patch(s.k, TRAINJOBS, NS, NAME, {"spec": {"suspend": True}})
         # Suspended: the Jobs delete their pods (in their grace period) and the service its
         # PodGroup, which stays Terminating while they name it.
         for o in [o for (r, _, _), o in list(s.k.objects.items()) if r == PODS]:
-            await delete(s.k, PODS, o.raw["metadata"]["name"], NS)
+            await delete(s.k, PODS, NS, o.raw["metadata"]["name"])
         await eventually(
             lambda: bool((pod_group(s.k, name) or {}).get("metadata", {}).get("deletionTimestamp")),
             "the PodGroup Terminating",
         )
-        await patch(s.k, TRAINJOBS, NAME, {"spec": {"suspend": False}}, NS)
+        await patch(s.k, TRAINJOBS, NS, NAME, {"spec": {"suspend": False}})
         # The resumed Jobs' pods are held: naming the Terminating PodGroup would keep it for ever.
         assert await jobs.create_pod(0) is None
         assert "still terminating" in jobs.held[-1]
@@ -286,7 +289,7 @@ async def test_a_jobset_restart_is_a_new_gang_admitted_whole(tmp_path: Path) -> 
     async with cluster(tmp_path) as (s, jobs):
         uid, first = await a_running_gang(s, jobs)
         for o in [o for (r, _, _), o in list(s.k.objects.items()) if r == PODS]:
-            await delete(s.k, PODS, o.raw["metadata"]["name"], NS)
+            await delete(s.k, PODS, NS, o.raw["metadata"]["name"])
         pods = await jobs.gang(attempt=1)
         restart = naming.for_attempt(first["metadata"]["name"], 1)
         assert [group_of(p) for p in pods] == [restart] * NUM_NODES
@@ -306,7 +309,7 @@ async def test_a_forged_pod_group_with_the_computed_name_holds_the_pods_and_is_s
 ) -> None:
     async with cluster(tmp_path, served=False) as (s, jobs):
         await create(s.k, CLUSTER_RUNTIMES, cluster_runtime())
-        tj = await create(s.k, TRAINJOBS, trainjob())
+        tj = await create(s.k, TRAINJOBS, small_trainjob())
         uid = tj["metadata"]["uid"]
         await eventually(
             lambda: (
@@ -364,7 +367,7 @@ async def test_an_upgrade_keeps_a_running_gangs_names_and_never_tears_it_down(
     async with cluster(tmp_path) as (s, jobs):
         await create(s.k, CLUSTER_RUNTIMES, cluster_runtime())
         legacy = orjson.dumps(cluster_runtime()).decode()
-        tj = trainjob()
+        tj = small_trainjob()
         tj["metadata"]["annotations"] = {SNAPSHOT_ANNOTATION: legacy}
         created = await create(s.k, TRAINJOBS, tj)
         name = naming.workload_name(NS, NAME)  # version 1: no incarnation in the name
@@ -381,12 +384,72 @@ async def test_an_upgrade_keeps_a_running_gangs_names_and_never_tears_it_down(
 async def test_a_trainjob_being_deleted_gets_nothing_made(tmp_path: Path) -> None:
     async with cluster(tmp_path, served=False) as (s, _):
         await create(s.k, CLUSTER_RUNTIMES, cluster_runtime())
-        tj = trainjob()
+        tj = small_trainjob()
         tj["metadata"]["finalizers"] = ["example.com/keep"]  # another controller's
         await create(s.k, TRAINJOBS, tj)
-        await delete(s.k, TRAINJOBS, NAME, NS)
+        await condition_reason(s.k, "GangApiUnavailable")  # its first pass is over
+        await delete(s.k, TRAINJOBS, NS, NAME)
+
+        def deleting() -> bool:
+            entry = s.cache.trainjobs.get(NS, NAME)
+            return entry is not None and bool(entry.raw["metadata"].get("deletionTimestamp"))
+
+        await eventually(deleting, "the TrainJob Terminating in the cache")
         s.cache.apis["native"] = "served"
         s.reconciler.resync()
         await condition_reason(s.k, "TrainJobDeleting")
         assert not [o for (r, _, _), o in list(s.k.objects.items()) if r in (WORKLOADS, POD_GROUPS)]
         assert not events(s.k, "Created")
+
+
+# --- drift on an immutable field while the gang runs ---------------------------------------------
+
+
+def cached_workload(s: Service, name: str, like: dict[str, Any]) -> bool:
+    entry = s.cache.store(WORKLOAD).get(NS, name)
+    return entry is not None and entry.raw["spec"] == like["spec"]
+
+
+async def test_drift_on_an_immutable_field_of_a_running_gang_is_said_not_torn_down(
+    tmp_path: Path,
+) -> None:
+    """The Workload differs from the plan on a field the API server keeps immutable (as if an
+    earlier release had made it so) while the gang's pods run: an Event and a condition say so,
+    and nothing is deleted or recreated; once no pod is left, it is made as planned."""
+    async with cluster(tmp_path) as (s, jobs):
+        _, group = await a_running_gang(s, jobs)
+        workload_name = group["spec"]["workloadRef"]["workloadName"]
+        workload = stored(s.k, WORKLOADS, workload_name)
+        assert workload is not None
+        s.cache.apis["native"] = "not-served"  # the reconciler leaves the TrainJob alone
+        await delete(s.k, WORKLOADS, NS, workload_name)
+        drifted = copy.deepcopy(workload)
+        template = drifted["spec"]["podGroupTemplates"][0]
+        template["schedulingConstraints"] = {"topology": [{"key": "example.com/rack"}]}
+        for key in ("uid", "resourceVersion", "creationTimestamp", "generation", "managedFields"):
+            drifted["metadata"].pop(key, None)
+        await create(s.k, WORKLOADS, drifted)
+        await eventually(lambda: cached_workload(s, workload_name, drifted), "the drift cached")
+        s.cache.apis["native"] = "served"
+        s.reconciler.resync()
+        condition = await condition_reason(s.k, "DriftHeld")
+        assert workload_name in condition["message"]
+        kept = stored(s.k, WORKLOADS, workload_name) or {}
+        assert kept["spec"]["podGroupTemplates"][0]["schedulingConstraints"] == {
+            "topology": [{"key": "example.com/rack"}]
+        }
+        assert not events(s.k, "Deleted")
+        assert set(tied_pods(s.k).values()) == {group["metadata"]["name"]}
+        # The pods end (the TrainJob is restarted by hand, say): nothing uses the gang now.
+        for o in [o for (r, _, _), o in list(s.k.objects.items()) if r == PODS]:
+            await delete(s.k, PODS, NS, o.raw["metadata"]["name"])
+        await pods_gone(s.k)
+
+        def as_planned() -> bool:
+            found = stored(s.k, WORKLOADS, workload_name) or {"spec": {}}
+            templates = found["spec"].get("podGroupTemplates") or [{}]
+            return templates[0].get("schedulingConstraints") == workload["spec"][
+                "podGroupTemplates"
+            ][0].get("schedulingConstraints")
+
+        await eventually(as_planned, "the Workload made again as planned")
