@@ -375,7 +375,11 @@ class Reconciler:
                 note = f"{kind} {ref!r} is invalid: {checked.verdict.errors[0]}"
                 _blocked(changes, self.events, raw, "InvalidRuntime", note)
             return DONE  # no spec.scheduling: not ours
-        untied = self._untied_pods(key)
+        try:
+            plan = build_plan(trainjob, checked)
+        except PlanningError:
+            plan = None  # said after the snapshot, from the frozen runtime
+        untied = self._untied_pods(key, plan)
         if untied is None:
             return WAIT  # the pod watch has not listed: whether pods run loose is not known
         if untied:
@@ -387,10 +391,6 @@ class Reconciler:
             # ran): a gang now would half-group it and hold its new pods for ever. Freeze "no
             # gang", as KEP-5547 does for a Job with pods (MixedSchedulingGroup).
             return await self._freeze_no_gang(key, raw, trainjob, untied, changes)
-        try:
-            plan = build_plan(trainjob, checked)
-        except PlanningError:
-            plan = None  # said after the snapshot, from the frozen runtime
         # Frozen even when its backend's API is not served (yet): the pod webhook holds its
         # pods with that reason, and the gang is made once the API is there.
         assert trainjob.metadata.uid is not None
@@ -435,14 +435,19 @@ class Reconciler:
             return PREDECESSOR_GRACE  # no readable time: as old as the grace
         return self.wall() - when
 
-    def _untied_pods(self, key: Key) -> int | None:
-        """The TrainJob's pending or running pods without a scheduling group (None while the
-        pod watch has not listed). Without a pod watch (a reconciler built without the status
-        writer, in tests) no pods are known."""
+    def _untied_pods(self, key: Key, plan: Plan | None) -> int | None:
+        """The TrainJob's pending or running pods without a scheduling group, of the Jobs its
+        plan groups (an untargeted ReplicatedJob's rightly have none); None while the pod watch
+        has not listed. Without a pod watch (a reconciler built without the status writer, in
+        tests) no pods are known."""
         pods = self._pods
         if pods is None:
             return 0
-        return pods.untied(*key) if pods.synced else None
+        if not pods.synced:
+            return None
+        if plan is None:
+            return pods.untied(*key)
+        return pods.untied(*key, lambda rj, index: plan.group_for(rj, index) is not None)
 
     def _has_pods(self, key: Key) -> bool | None:
         """Whether the TrainJob has pods that are pending or running (None: not known yet)."""
