@@ -1821,6 +1821,25 @@ async def delete(
         assert response.status == 200, await response.text()
 
 
+async def recreate(k: KubernetesEmulator, resource: kmock.resource, obj: Json) -> Json:
+    """Deletes the object of `obj`'s name and creates `obj` in its place (as someone replacing
+    an object whose fields are immutable), again if a controller made its own meanwhile;
+    returns it as stored."""
+    meta = obj["metadata"]
+    url = f"{_path(resource, meta.get('namespace'))}/{meta['name']}"
+    body = {**obj, "metadata": {k: v for k, v in meta.items() if k != "resourceVersion"}}
+    for _ in range(100):
+        async with k.delete(url) as response:
+            assert response.status in (200, 404), await response.text()
+        async with k.post(_path(resource, meta.get("namespace")), json=body) as response:
+            if response.status != 409:
+                assert response.status in (200, 201), await response.text()
+                created: Json = await response.json()
+                return created
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{meta['name']}: made again by someone else, every time")
+
+
 async def _patch(
     k: KubernetesEmulator,
     resource: kmock.resource,
