@@ -1170,14 +1170,7 @@ class VersionedEmulator(KubernetesEmulator):
                 not other.deleted and _blocks(other.raw, uid) for other in self.objects.values()
             ):
                 continue
-            released = copy.deepcopy(obj.raw)
-            others = [f for f in _meta(released)["finalizers"] if f != FOREGROUND_DELETION]
-            _meta(released)["finalizers"] = others
-            if not others:
-                _meta(released).pop("finalizers")
-                await self._remove(key, released)
-            else:
-                await self._commit(key, "MODIFIED", released)
+            await self._drop_finalizer(key, FOREGROUND_DELETION)
 
     async def _delete(self, key: Key, stored: Json, grace: int | None = None) -> Json:
         """A delete: at once, or, with finalizers or a pod's grace period, a deletionTimestamp
@@ -1276,14 +1269,19 @@ class VersionedEmulator(KubernetesEmulator):
                 continue
             if POD_GROUP_PROTECTION not in (meta.get("finalizers") or []):
                 continue
-            released = copy.deepcopy(obj.raw)
-            others = [f for f in _meta(released)["finalizers"] if f != POD_GROUP_PROTECTION]
-            _meta(released)["finalizers"] = others
-            if not others:
-                _meta(released).pop("finalizers")
-                await self._remove(key, released)
-            else:
-                await self._commit(key, "MODIFIED", released)
+            await self._drop_finalizer(key, POD_GROUP_PROTECTION)
+
+    async def _drop_finalizer(self, key: Key, finalizer: str) -> None:
+        """A controller's update that removes its finalizer from a Terminating object: the
+        object goes if it was the last one (its DELETED event shows the last stored version)."""
+        stored = self._live(key)
+        assert stored is not None
+        others = [f for f in _meta(stored).get("finalizers") or [] if f != finalizer]
+        if not others:
+            await self._remove(key, stored)
+            return
+        _meta(stored)["finalizers"] = others
+        await self._commit(key, "MODIFIED", stored)
 
     async def _collect(self, uid: str) -> None:
         """The garbage collector, once the object with `uid` is gone: its dependents go, or, if
