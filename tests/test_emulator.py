@@ -834,6 +834,33 @@ async def test_a_foreground_delete_with_nothing_blocking_goes_at_once_and_orphan
 
 
 @pytest.mark.asyncio
+async def test_a_trainjob_reapplied_within_its_pods_grace_meets_its_terminating_pod_group() -> None:
+    """The ghost a same-name gang would wait on: the old TrainJob's PodGroup outlives it for as
+    long as its pods take to stop, and holds its name meanwhile."""
+    async with emulator() as (k, _):
+        k.pod_grace = True
+        old = await create(k, TRAINJOBS, job())
+        await create(k, POD_GROUPS, blocking(pod_group("g"), old))
+        for name in ("a", "b"):  # stand-ins for the JobSet's pods, collected with the TrainJob
+            await create(k, PODS, blocking(pod(name, node="n1"), old))
+        await delete(k, TRAINJOBS, NS, "j")
+        terminating = [await get(k, PODS, NS, name) for name in ("a", "b")]
+        assert all(p is not None and p["metadata"]["deletionTimestamp"] for p in terminating)
+        ghost = await get(k, POD_GROUPS, NS, "g")
+        assert ghost is not None and "deletionTimestamp" in ghost["metadata"]
+        new = await create(k, TRAINJOBS, job())  # re-applied: another uid, the same name
+        assert uid(new) != uid(old)
+        _, answer = await call(k, "POST", POD_GROUPS_URL, blocking(pod_group("g"), new))
+        assert_status(answer, 409, "AlreadyExists")
+        assert await k.finish_pods(NS, "a") == 1
+        assert await get(k, POD_GROUPS, NS, "g") is not None  # b still names it
+        assert await k.finish_pods(NS) == 1
+        assert await get(k, POD_GROUPS, NS, "g") is None
+        made = await create(k, POD_GROUPS, blocking(pod_group("g"), new))
+        assert made["metadata"]["ownerReferences"][0]["uid"] == uid(new)
+
+
+@pytest.mark.asyncio
 async def test_an_object_deleted_and_created_again_gets_another_uid() -> None:
     async with emulator() as (k, _):
         first = await create(k, WORKLOADS, gang_workload())
