@@ -36,7 +36,10 @@ Writes (refusals carry the API server's `Status`: code, reason, message, details
 * once an object is gone, its dependents (an ownerReference with its uid) go too, recursively,
   as the garbage collector does with background propagation; a dependent with another live
   owner only loses the dangling reference, one with finalizers gets a deletionTimestamp and
-  waits. `garbage_collection = False` turns this off;
+  waits. `garbage_collection = False` turns this off. DeleteOptions' `propagationPolicy`:
+  `Foreground` gives the object a deletionTimestamp and the finalizer `foregroundDeletion`,
+  deletes its dependents, and removes it once no dependent with `blockOwnerDeletion: true` is
+  left (Terminating ones hold it too); `Orphan` takes its reference off its dependents first;
 * a create gives a new uid, so an object deleted and created again under its name is another;
 * pods go at once when deleted, as if every kubelet stopped its containers in no time; with
   `pod_grace = True` a pod on a node and not finished stays Terminating for its grace period
@@ -103,12 +106,12 @@ shared/reference/crds gives the list types), as `tests/apiserver_apply.py` compu
 * a status write is checked against the CRD's status schema and list-map keys (conditions: at
   most 8, reason pattern, required fields, unique types): 422 `Invalid`, a cause per field.
 
-Not emulated: field selectors on other fields, dry runs, propagation policies other than
-background, a PodGroup's status subresource, the protection controller adding its
-finalizer back to a live PodGroup a client stripped it from, any controller that sets pod
-labels (JobSet's `jobset.sigs.k8s.io/restart-attempt`: tests write them),
-managedFields on kinds without a CRD here, apply that creates, the schema of
-fields other than a custom resource's status (and the pruning of unknown fields), and the
+Not emulated: field selectors on other fields, dry runs, a foreground delete's dependents
+deleted in the foreground in turn (here in the background), a PodGroup's status subresource,
+the protection controller adding its finalizer back to a live PodGroup a client stripped it
+from, any controller that sets pod labels (JobSet's `jobset.sigs.k8s.io/restart-attempt`:
+tests write them), managedFields on kinds without a CRD here, apply that creates, the schema
+of fields other than a custom resource's status (and the pruning of unknown fields), and the
 `ancient-changes` bucket for update managers past ten.
 """
 
@@ -169,6 +172,8 @@ VALIDATING_CONFIGS = kmock.resource(
 
 # Held by every PodGroup while a pod (even a Terminating one) names it in its schedulingGroup.
 POD_GROUP_PROTECTION = "scheduling.k8s.io/podgroup-protection"
+# What a foreground delete holds its object with until the blocking dependents are gone.
+FOREGROUND_DELETION = "foregroundDeletion"
 # Filled in on a PodGroup's create: defaulting, and the Priority admission plugin (no class).
 _POD_GROUP_DEFAULTS = {
     "disruptionMode": {"single": {}},
@@ -533,6 +538,15 @@ def _content(obj: Json) -> Json:
 def _owned_by(obj: Json, uid: str) -> bool:
     refs = _meta(obj).get("ownerReferences") or []
     return any(isinstance(ref, dict) and ref.get("uid") == uid for ref in refs)
+
+
+def _blocks(obj: Json, uid: Any) -> bool:
+    """Whether `obj` holds back the foreground delete of its owner `uid`."""
+    refs = _meta(obj).get("ownerReferences") or []
+    return any(
+        isinstance(ref, dict) and ref.get("uid") == uid and ref.get("blockOwnerDeletion") is True
+        for ref in refs
+    )
 
 
 def _json_body(request: kmock.Request) -> Any:
@@ -1092,6 +1106,9 @@ class VersionedEmulator(KubernetesEmulator):
         options = options if isinstance(options, dict) else {}
         preconditions = options.get("preconditions")
         grace = _grace_period(request, options)
+        policy = options.get("propagationPolicy", request.params.get("propagationPolicy"))
+        if policy not in (None, "Background", "Foreground", "Orphan"):
+            raise bad_request(f"unsupported propagationPolicy: {policy}")
         key = (resource, request.namespace, name)
         async with self._store_lock:
             stored = self._live(key)
@@ -1105,7 +1122,55 @@ class VersionedEmulator(KubernetesEmulator):
                     raise conflict(
                         resource, name, why + f"{label} in object meta: {meta.get(field)}"
                     )
+            if policy in ("Foreground", "Orphan") and not meta.get("deletionTimestamp"):
+                return await self._delete_after_dependents(key, stored, policy)
             return await self._delete(key, stored, grace)
+
+    async def _delete_after_dependents(self, key: Key, stored: Json, policy: str) -> Json:
+        """Foreground: the object gets a deletionTimestamp and the finalizer
+        `foregroundDeletion`, the garbage collector deletes its dependents, and it goes once
+        none with `blockOwnerDeletion: true` is left. Orphan: its dependents lose their
+        reference to it, then it is deleted."""
+        meta = _meta(stored)
+        uid = meta.get("uid")
+        if policy == "Orphan" or not self.garbage_collection or not uid:
+            if uid and policy == "Orphan":
+                await self._orphan(uid)
+            return await self._delete(key, stored)
+        finalizers = [*(meta.get("finalizers") or []), FOREGROUND_DELETION]
+        meta.update(deletionTimestamp=_now(), deletionGracePeriodSeconds=0, finalizers=finalizers)
+        marked = await self._commit(key, "MODIFIED", stored)
+        await self._collect(uid)
+        await self._finish_foreground()
+        return marked
+
+    async def _orphan(self, uid: str) -> None:
+        for key, obj in list(self.objects.items()):
+            if obj.deleted or not _owned_by(obj.raw, uid):
+                continue
+            orphaned = copy.deepcopy(obj.raw)
+            refs = [r for r in _meta(orphaned)["ownerReferences"] if r.get("uid") != uid]
+            _meta(orphaned)["ownerReferences"] = refs
+            if not refs:
+                _meta(orphaned).pop("ownerReferences")
+            await self._commit(key, "MODIFIED", orphaned)
+
+    async def _finish_foreground(self) -> None:
+        """The garbage collector's end of a foreground delete: an owner none of whose live
+        dependents (Terminating ones included) blocks it with `blockOwnerDeletion` loses its
+        `foregroundDeletion` finalizer (and goes, unless another holds it)."""
+        for key, obj in list(self.objects.items()):
+            if obj.deleted:
+                continue
+            meta = _meta(obj.raw)
+            if FOREGROUND_DELETION not in (meta.get("finalizers") or []):
+                continue
+            uid = meta.get("uid")
+            if any(
+                not other.deleted and _blocks(other.raw, uid) for other in self.objects.values()
+            ):
+                continue
+            await self._drop_finalizer(key, FOREGROUND_DELETION)
 
     async def _delete(self, key: Key, stored: Json, grace: int | None = None) -> Json:
         """A delete: at once, or, with finalizers or a pod's grace period, a deletionTimestamp
@@ -1176,7 +1241,15 @@ class VersionedEmulator(KubernetesEmulator):
             await self._collect(uid)
         if key[0] == PODS:
             await self._protect_pod_groups(key[1])
+        if self._foreground_pending():
+            await self._finish_foreground()
         return removed
+
+    def _foreground_pending(self) -> bool:
+        return any(
+            not obj.deleted and FOREGROUND_DELETION in (_meta(obj.raw).get("finalizers") or [])
+            for obj in self.objects.values()
+        )
 
     async def _protect_pod_groups(self, namespace: str | None) -> None:
         """kube-controller-manager's PodGroup protection: a Terminating PodGroup of `namespace`
@@ -1196,14 +1269,19 @@ class VersionedEmulator(KubernetesEmulator):
                 continue
             if POD_GROUP_PROTECTION not in (meta.get("finalizers") or []):
                 continue
-            released = copy.deepcopy(obj.raw)
-            others = [f for f in _meta(released)["finalizers"] if f != POD_GROUP_PROTECTION]
-            _meta(released)["finalizers"] = others
-            if not others:
-                _meta(released).pop("finalizers")
-                await self._remove(key, released)
-            else:
-                await self._commit(key, "MODIFIED", released)
+            await self._drop_finalizer(key, POD_GROUP_PROTECTION)
+
+    async def _drop_finalizer(self, key: Key, finalizer: str) -> None:
+        """A controller's update that removes its finalizer from a Terminating object: the
+        object goes if it was the last one (its DELETED event shows the last stored version)."""
+        stored = self._live(key)
+        assert stored is not None
+        others = [f for f in _meta(stored).get("finalizers") or [] if f != finalizer]
+        if not others:
+            await self._remove(key, stored)
+            return
+        _meta(stored)["finalizers"] = others
+        await self._commit(key, "MODIFIED", stored)
 
     async def _collect(self, uid: str) -> None:
         """The garbage collector, once the object with `uid` is gone: its dependents go, or, if
@@ -1727,14 +1805,37 @@ async def delete(
     *,
     preconditions: Json | None = None,
     grace_period_seconds: int | None = None,
+    propagation_policy: str | None = None,
 ) -> None:
-    """Deletes, with DeleteOptions `preconditions` (uid, resourceVersion) and
-    `gracePeriodSeconds` if given."""
-    body: Json | None = {"preconditions": preconditions} if preconditions else None
-    if grace_period_seconds is not None:
-        body = {**(body or {}), "gracePeriodSeconds": grace_period_seconds}
+    """Deletes, with DeleteOptions `preconditions` (uid, resourceVersion),
+    `gracePeriodSeconds` and `propagationPolicy` if given."""
+    options = {
+        "preconditions": preconditions,
+        "gracePeriodSeconds": grace_period_seconds,
+        "propagationPolicy": propagation_policy,
+    }
+    body = {key: value for key, value in options.items() if value is not None} or None
     async with k.delete(f"{_path(resource, namespace)}/{name}", json=body) as response:
         assert response.status == 200, await response.text()
+
+
+async def recreate(k: KubernetesEmulator, resource: kmock.resource, obj: Json) -> Json:
+    """Deletes the object of `obj`'s name and creates `obj` in its place (as someone replacing
+    an object whose fields are immutable), again if a controller made its own meanwhile;
+    returns it as stored."""
+    meta = obj["metadata"]
+    url = f"{_path(resource, meta.get('namespace'))}/{meta['name']}"
+    body = {**obj, "metadata": {k: v for k, v in meta.items() if k != "resourceVersion"}}
+    for _ in range(100):
+        async with k.delete(url) as response:
+            assert response.status in (200, 404), await response.text()
+        async with k.post(_path(resource, meta.get("namespace")), json=body) as response:
+            if response.status != 409:
+                assert response.status in (200, 201), await response.text()
+                created: Json = await response.json()
+                return created
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{meta['name']}: made again by someone else, every time")
 
 
 async def _patch(

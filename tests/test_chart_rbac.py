@@ -50,6 +50,7 @@ from tests.kube_emulator import (
     get,
     json_patch,
     patch,
+    recreate,
     replace,
 )
 from tests.kube_rbac import RBAC, Attributes, RbacEmulator, rbac_emulator, service_account
@@ -341,8 +342,7 @@ def test_the_service_runs_on_the_charts_rbac_alone(tmp_path: Path, rendered: Ren
             # it in place).
             changed = copy.deepcopy(block)
             changed["spec"]["schedulingConstraints"] = {"topology": [{"key": "other"}]}
-            api.run(delete(api.k, COMPOSITE_POD_GROUPS, ns, block["metadata"]["name"]))
-            replaced = api.run(create(api.k, COMPOSITE_POD_GROUPS, changed))
+            replaced = api.run(recreate(api.k, COMPOSITE_POD_GROUPS, changed))
             earlier = (None, block["metadata"]["uid"], replaced["metadata"]["uid"])
 
             def remade() -> bool:

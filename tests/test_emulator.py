@@ -781,6 +781,85 @@ async def test_a_pod_group_gets_the_server_defaults_and_loses_fields_of_gates_of
             assert "schedulingConstraints" not in template and template["schedulingPolicy"] == GANG
 
 
+def blocking(obj: Json, owner: Json) -> Json:
+    """`obj` as a controller makes it: its owner's reference with `blockOwnerDeletion`."""
+    ref = {"apiVersion": "v1", "kind": "X", "name": owner["metadata"]["name"], "uid": uid(owner),
+           "controller": True, "blockOwnerDeletion": True}  # fmt: skip
+    return {**obj, "metadata": {**obj["metadata"], "ownerReferences": [ref]}}
+
+
+@pytest.mark.asyncio
+async def test_a_foreground_delete_waits_for_the_dependents_that_block_it() -> None:
+    async with emulator() as (k, _):
+        owner = await create(k, WORKLOADS, workload("owner"))
+        await create(k, POD_GROUPS, blocking(pod_group("g"), owner))
+        await create(k, WORKLOADS, blocking(gang_workload(), owner))
+        await create(k, WORKLOADS, workload("loose", owner))  # no blockOwnerDeletion
+        await create(k, PODS, pod("a"))
+        body = {"propagationPolicy": "Foreground"}
+        code, answer = await call(k, "DELETE", f"{WORKLOADS_URL}/owner", body)
+        assert code == 200 and answer["metadata"]["finalizers"] == ["foregroundDeletion"], answer
+        for gone in ("w", "loose"):
+            assert await get(k, WORKLOADS, NS, gone) is None, gone
+        held = await get(k, POD_GROUPS, NS, "g")  # its pod holds it, and it holds the owner
+        assert held is not None and "deletionTimestamp" in held["metadata"]
+        deleting = await get(k, WORKLOADS, NS, "owner")
+        assert deleting is not None and SECONDS.match(deleting["metadata"]["deletionTimestamp"])
+        await delete(k, PODS, NS, "a")
+        assert await get(k, POD_GROUPS, NS, "g") is None
+        assert await get(k, WORKLOADS, NS, "owner") is None
+        events = await events_since(k, WORKLOADS_URL, rv(owner))
+        owner_events = [kind for kind, o in events if o["metadata"]["name"] == "owner"]
+        assert owner_events == ["MODIFIED", "DELETED"]
+
+
+@pytest.mark.asyncio
+async def test_a_foreground_delete_with_nothing_blocking_goes_at_once_and_orphan_keeps_them() -> (
+    None
+):
+    async with emulator() as (k, _):
+        owner = await create(k, WORKLOADS, workload("owner"))
+        await create(k, WORKLOADS, blocking(gang_workload(), owner))
+        await delete(k, WORKLOADS, NS, "owner", propagation_policy="Foreground")
+        assert await get(k, WORKLOADS, NS, "owner") is None
+        assert await get(k, WORKLOADS, NS, "w") is None
+        owner = await create(k, WORKLOADS, workload("owner"))
+        await create(k, WORKLOADS, blocking(gang_workload(), owner))
+        await delete(k, WORKLOADS, NS, "owner", propagation_policy="Orphan")
+        assert await get(k, WORKLOADS, NS, "owner") is None
+        orphan = await get(k, WORKLOADS, NS, "w")
+        assert orphan is not None and "ownerReferences" not in orphan["metadata"]
+        code, answer = await call(k, "DELETE", f"{WORKLOADS_URL}/w", {"propagationPolicy": "x"})
+        assert code == 400, answer
+
+
+@pytest.mark.asyncio
+async def test_a_trainjob_reapplied_within_its_pods_grace_meets_its_terminating_pod_group() -> None:
+    """The ghost a same-name gang would wait on: the old TrainJob's PodGroup outlives it for as
+    long as its pods take to stop, and holds its name meanwhile."""
+    async with emulator() as (k, _):
+        k.pod_grace = True
+        old = await create(k, TRAINJOBS, job())
+        await create(k, POD_GROUPS, blocking(pod_group("g"), old))
+        for name in ("a", "b"):  # stand-ins for the JobSet's pods, collected with the TrainJob
+            await create(k, PODS, blocking(pod(name, node="n1"), old))
+        await delete(k, TRAINJOBS, NS, "j")
+        terminating = [await get(k, PODS, NS, name) for name in ("a", "b")]
+        assert all(p is not None and p["metadata"]["deletionTimestamp"] for p in terminating)
+        ghost = await get(k, POD_GROUPS, NS, "g")
+        assert ghost is not None and "deletionTimestamp" in ghost["metadata"]
+        new = await create(k, TRAINJOBS, job())  # re-applied: another uid, the same name
+        assert uid(new) != uid(old)
+        _, answer = await call(k, "POST", POD_GROUPS_URL, blocking(pod_group("g"), new))
+        assert_status(answer, 409, "AlreadyExists")
+        assert await k.finish_pods(NS, "a") == 1
+        assert await get(k, POD_GROUPS, NS, "g") is not None  # b still names it
+        assert await k.finish_pods(NS) == 1
+        assert await get(k, POD_GROUPS, NS, "g") is None
+        made = await create(k, POD_GROUPS, blocking(pod_group("g"), new))
+        assert made["metadata"]["ownerReferences"][0]["uid"] == uid(new)
+
+
 @pytest.mark.asyncio
 async def test_an_object_deleted_and_created_again_gets_another_uid() -> None:
     async with emulator() as (k, _):

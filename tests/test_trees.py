@@ -41,6 +41,7 @@ from tests.kube_emulator import (
     delete,
     eventually,
     patch,
+    recreate,
 )
 from tests.paths import REPO
 from tests.test_properties import _check_plan, runtimes, trainjobs
@@ -553,8 +554,7 @@ async def test_the_reconciler_builds_repairs_suspends_resumes_and_removes_a_tree
         assert before is not None
         drifted = copy.deepcopy(before)
         drifted["spec"]["schedulingConstraints"] = RACK
-        await delete(w.k, COMPOSITE_POD_GROUPS, NS, block)
-        replaced = await create(w.k, COMPOSITE_POD_GROUPS, drifted)
+        replaced = await recreate(w.k, COMPOSITE_POD_GROUPS, drifted)
         earlier = (before["metadata"]["uid"], replaced["metadata"]["uid"])
 
         def rebuilt() -> bool:
