@@ -826,7 +826,8 @@ def test_alerts_and_dashboard_use_the_services_metrics(tmp_path: Path) -> None:
         "TrainJobSchedulingGangWaitingTooLong", "TrainJobSchedulingReconcileErrors",
         "TrainJobSchedulingNoLeader", "TrainJobSchedulingGangApiUnavailable",
         "TrainJobSchedulingGangCanNeverFit", "TrainJobSchedulingGangWaitingWithoutHeadroom",
-        "TrainJobSchedulingGangDegraded",
+        "TrainJobSchedulingGangDegraded", "TrainJobSchedulingPodsUntied",
+        "TrainJobSchedulingPodsHeld",
     } == set(alerts)  # fmt: skip
     used: dict[str, set[str]] = {name: metric_names(a["expr"]) for name, a in alerts.items()}
     panels = _dashboard(r)["panels"]
