@@ -617,6 +617,9 @@ KEYS: list[tuple[str, str, str, str, str, str]] = [
      "`basic`"),
     ("webhook.core.snapshot", "SNAPSHOT_ANNOTATION", "annotation", "TrainJob", "written",
      "what the planner reads of the runtime, frozen at the first pass (about 1 KB)"),
+    ("webhook.kube.gangpods", "RESTART_ATTEMPT", "label", "pod", "read (pod watch)",
+     "JobSet's restart attempt (0, then one more per restart): a TrainJob's newest among its "
+     "pending or running pods is the attempt its gang is for"),
     ("webhook.kube.feasibility", "MODE_ANNOTATION", "annotation",
      "(Cluster)TrainingRuntime", "read", "`warn`, `deny` or `off`: feasibility for its "
      "TrainJobs (wins over `--feasibility`)"),

@@ -816,6 +816,64 @@ def _promtool(rules: list[Json], tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+def test_the_untied_and_held_alerts_fire_when_they_should(tmp_path: Path) -> None:
+    """`promtool test rules` over the rendered rules: PodsUntied after 10 minutes of the gauge
+    above 0; PodsHeld while pods keep being held for 15 minutes (retries with backoff a few
+    minutes apart included), not for a hold that stopped."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        if os.environ.get("REQUIRE_PROMETHEUS") == "1":
+            pytest.fail("promtool is missing (make prometheus installs Debian's prometheus)")
+        pytest.skip("promtool is not installed (make prometheus)")
+    groups = render(COMBINATIONS["monitoring"]).one("PrometheusRule")["spec"]["groups"]
+    rules = {r["alert"]: r for g in groups for r in g["rules"]}
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": groups}))
+    sel = f'job="{BASE}", namespace="{NAMESPACE}"'
+
+    def fired(name: str, summary: str, **labels: str) -> Json:
+        description = rules[name]["annotations"]["description"]
+        return {"exp_labels": {"severity": "warning", **labels},
+                "exp_annotations": {"summary": summary, "description": description}}  # fmt: skip
+
+    untied = "1 TrainJobs with a gang have pods without its schedulingGroup."
+    held = "TrainJob pods have been held for 15 minutes (NotFrozen)."
+    test = {
+        "rule_files": ["rules.yaml"],
+        "evaluation_interval": "1m",
+        "tests": [{
+            "interval": "1m",
+            "input_series": [
+                {"series": f"trainjob_scheduling_gangs_with_untied_pods{{{sel}}}",
+                 "values": "0 0 1x40"},
+                # Held every 4 minutes (the Job controller's backoff), for an hour.
+                {"series": f'trainjob_scheduling_pods_held_total{{{sel}, reason="NotFrozen"}}',
+                 "values": "0 " + " ".join(str(1 + m // 4) for m in range(60))},
+                # Held for 3 minutes, then tied: no alert.
+                {"series": f'trainjob_scheduling_pods_held_total{{{sel}, reason="Other"}}',
+                 "values": "0 1 2 3x60"},
+            ],
+            "alert_rule_test": [
+                {"eval_time": "10m", "alertname": "TrainJobSchedulingPodsUntied",
+                 "exp_alerts": []},
+                {"eval_time": "13m", "alertname": "TrainJobSchedulingPodsUntied",
+                 "exp_alerts": [fired("TrainJobSchedulingPodsUntied", untied)]},
+                {"eval_time": "10m", "alertname": "TrainJobSchedulingPodsHeld",
+                 "exp_alerts": []},
+                {"eval_time": "40m", "alertname": "TrainJobSchedulingPodsHeld",
+                 "exp_alerts": [fired("TrainJobSchedulingPodsHeld", held, reason="NotFrozen")]},
+            ],
+        }],
+    }  # fmt: skip
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test))
+    done = subprocess.run(
+        [promtool, "test", "rules", str(tmp_path / "test.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
 def test_alerts_and_dashboard_use_the_services_metrics(tmp_path: Path) -> None:
     r = render(COMBINATIONS["monitoring"])
     groups = r.one("PrometheusRule")["spec"]["groups"]
@@ -826,7 +884,8 @@ def test_alerts_and_dashboard_use_the_services_metrics(tmp_path: Path) -> None:
         "TrainJobSchedulingGangWaitingTooLong", "TrainJobSchedulingReconcileErrors",
         "TrainJobSchedulingNoLeader", "TrainJobSchedulingGangApiUnavailable",
         "TrainJobSchedulingGangCanNeverFit", "TrainJobSchedulingGangWaitingWithoutHeadroom",
-        "TrainJobSchedulingGangDegraded",
+        "TrainJobSchedulingGangDegraded", "TrainJobSchedulingPodsUntied",
+        "TrainJobSchedulingPodsHeld",
     } == set(alerts)  # fmt: skip
     used: dict[str, set[str]] = {name: metric_names(a["expr"]) for name, a in alerts.items()}
     panels = _dashboard(r)["panels"]

@@ -21,7 +21,7 @@ from tests.harness import fixture, fixture_cache, free_port, make_certs
 from tests.kube_emulator import eventually
 from webhook.admission.review import Decision
 from webhook.metrics.app import metrics_server
-from webhook.metrics.registry import Metrics
+from webhook.metrics.registry import HELD_REASONS, UNTIED_REASONS, Metrics
 from webhook.metrics.ttlcache import TTLCache
 from webhook.metrics.webhooks import decision_label
 from webhook.server.app import admission_app
@@ -96,6 +96,28 @@ def test_every_family_has_its_kubernetes_name_and_labels() -> None:
     for name, labels in expected.items():
         assert got.get(name) == labels, name
     assert not [name for name in got if name.endswith("_created")]
+
+
+def test_pods_held_and_untied_by_reason_from_zero_other_reasons_as_other() -> None:
+    """Every reason's series exists from the start (a rate sees the first hold); a reason the
+    helpers do not know counts as Other (labels come from a fixed set)."""
+    m = Metrics()
+
+    def value(name: str, reason: str) -> float | None:
+        return m.registry.get_sample_value(name, {"reason": reason})
+
+    held, untied = "trainjob_scheduling_pods_held_total", "trainjob_scheduling_pods_untied_total"
+    assert all(value(held, r) == 0 for r in HELD_REASONS)
+    assert all(value(untied, r) == 0 for r in UNTIED_REASONS)
+    m.held("NotFrozen")
+    m.held("NotFrozen")
+    m.held("made-up")
+    m.untied("FrozenNoGang")
+    m.untied("x" * 1000)
+    assert (value(held, "NotFrozen"), value(held, "Other"), value(held, "made-up")) == (2, 1, None)
+    assert (value(untied, "FrozenNoGang"), value(untied, "Other")) == (1, 1)
+    m.gangs_with_untied_pods.set(3)
+    assert m.registry.get_sample_value("trainjob_scheduling_gangs_with_untied_pods") == 3
 
 
 def test_each_service_has_its_own_registry() -> None:

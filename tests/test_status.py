@@ -590,6 +590,35 @@ async def test_a_new_leader_keeps_degraded_until_its_pod_watch_has_listed() -> N
             await second.stop()
 
 
+async def test_a_new_leader_keeps_pods_untied_until_its_pod_watch_has_listed() -> None:
+    """As of Degraded: without pod counts it would say Scheduled, then PodsUntied again."""
+    async with emulator() as (k, url):
+        first = Service(k, url, identity="first")
+        try:
+            group = await with_its_gang(first)
+            for i in range(NUM_NODES):
+                await create(k, PODS, pod(i, tied=i != 3))
+            await scheduler_says(first, group, "True", "Scheduled", "")
+            untied = await condition_is(k, cond.PODS_UNTIED)
+        finally:
+            await first.stop()
+        lists = k[kmock.method.GET, PODS]
+        next_requests(lists, 2) << status(500)  # the new leader's pod list fails twice
+        second = Service(k, url, identity="second")
+        try:
+            await eventually(lambda: len(lists) >= 2, "the failed pod lists")
+            assert current(k) == untied  # not said Scheduled meanwhile
+            await eventually(lambda: second.pods.synced, "the pods listed", timeout=15)
+            await eventually(
+                lambda: second.sample("trainjob_scheduling_gangs_with_untied_pods") == 1,
+                "the new leader's gauge",
+            )
+            await asyncio.sleep(0.3)
+            assert current(k) == untied and second.writes() == 0
+        finally:
+            await second.stop()
+
+
 async def a_degraded_trainjob_then_a_leader_without_pods(k: VersionedEmulator, url: str) -> None:
     """A Degraded TrainJob, and its first leader gone; the pods may not be listed from now on
     (a ClusterRole without pods: the service runs on without their counts)."""
