@@ -40,7 +40,8 @@ from tests.kube_emulator import (
     status,
 )
 from tests.test_informer import serving
-from webhook.backends.native import COMPOSITE
+from webhook.backends.native import COMPOSITE, WORKLOAD
+from webhook.core import naming
 from webhook.core.snapshot import SNAPSHOT_ANNOTATION
 from webhook.kube.cache import Cache
 from webhook.kube.client import backend_informers, informers
@@ -52,7 +53,15 @@ from webhook.reconcile.reconciler import CONTROLLER, Reconciler, ReconcilerSetti
 pytestmark = pytest.mark.asyncio
 
 NS, NAME = "team-a", "my-job"
-WORKLOAD = POD_GROUP = "my-job-f438be8c51"  # level 1: the Workload, its template and PodGroup
+LEGACY_WORKLOAD = "my-job-f438be8c51"  # plan version 1 (was-api.md section 4)
+
+
+def gang(k: VersionedEmulator) -> str:
+    """The level-1 gang's name (the Workload, its template and PodGroup): plan version 2
+    qualifies it by the stored TrainJob's uid."""
+    return naming.workload_name(NS, NAME, uid(stored(k, TRAINJOBS, NAME)))
+
+
 CREATE, UPDATE, DELETE = kmock.action.CREATE, kmock.action.UPDATE, kmock.action.DELETE
 
 
@@ -170,7 +179,7 @@ async def converged(
     k: VersionedEmulator, min_count: int = 100
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     def both() -> Any:
-        wl, pg = stored(k, WORKLOADS, WORKLOAD), stored(k, POD_GROUPS, POD_GROUP)
+        wl, pg = stored(k, WORKLOADS, gang(k)), stored(k, POD_GROUPS, gang(k))
         if wl is None or pg is None:
             return None
         if pg["spec"]["schedulingPolicy"]["gang"]["minCount"] != min_count:
@@ -193,7 +202,7 @@ async def a_trainjob_with_its_gang(
 async def shrink_min_count(k: VersionedEmulator) -> None:
     """Someone edits the PodGroup's minCount (to 3)."""
     body = {"spec": {"schedulingPolicy": {"gang": {"minCount": 3}}}}
-    await patch(k, POD_GROUPS, NS, POD_GROUP, body)
+    await patch(k, POD_GROUPS, NS, gang(k), body)
 
 
 async def quiet(k: VersionedEmulator, seconds: float = 0.5) -> int:
@@ -225,19 +234,19 @@ async def test_a_trainjob_gets_its_workload_and_podgroup_from_the_plan() -> None
         }  # fmt: skip
         [template] = wl["spec"]["podGroupTemplates"]
         assert template == {
-            "name": WORKLOAD,
+            "name": gang(w.k),
             "schedulingPolicy": {"gang": {"minCount": 100}},
             "schedulingConstraints": {"topology": [{"key": "topology.kubernetes.io/zone"}]},
             "disruptionMode": {"all": {}},
         }
         assert pg["metadata"]["ownerReferences"][0] == owner
         assert pg["metadata"]["ownerReferences"][1]["uid"] == uid(wl)
-        assert pg["spec"]["workloadRef"] == {"workloadName": WORKLOAD, "templateName": WORKLOAD}
+        assert pg["spec"]["workloadRef"] == {"workloadName": gang(w.k), "templateName": gang(w.k)}
         assert SNAPSHOT_ANNOTATION in tj["metadata"]["annotations"]
         # One Event for the pass that made both (not one per object).
         await eventually(lambda: events(w.k, "Created"), "a Created event")
         (event,) = events(w.k, "Created")
-        assert event["note"] == f"created Workload {WORKLOAD!r}; created PodGroup {POD_GROUP!r}"
+        assert event["note"] == f"created Workload {gang(w.k)!r}; created PodGroup {gang(w.k)!r}"
         assert event["regarding"]["uid"] == uid(tj)
         assert event["reportingController"] == CONTROLLER and event["type"] == "Normal"
 
@@ -250,7 +259,8 @@ async def test_a_second_pass_changes_nothing() -> None:
         await patch(w.k, TRAINJOBS, NS, NAME, {"metadata": {"labels": {"touched": "yes"}}})
         w.reconciler.resync()
         assert await quiet(w.k) == before
-        assert (uid(stored(w.k, WORKLOADS, WORKLOAD)), uid(stored(w.k, POD_GROUPS, POD_GROUP))) == (
+        name = gang(w.k)
+        assert (uid(stored(w.k, WORKLOADS, name)), uid(stored(w.k, POD_GROUPS, name))) == (
             uid(wl), uid(pg),
         )  # fmt: skip
 
@@ -272,7 +282,9 @@ async def test_suspend_deletes_and_resume_recreates() -> None:
         wl, _ = await a_trainjob_with_its_gang(w.k)
         await patch(w.k, TRAINJOBS, NS, NAME, {"spec": {"suspend": True}})
         await eventually(
-            lambda: not stored(w.k, WORKLOADS, WORKLOAD) and not stored(w.k, POD_GROUPS, POD_GROUP),
+            lambda: (
+                not stored(w.k, WORKLOADS, gang(w.k)) and not stored(w.k, POD_GROUPS, gang(w.k))
+            ),
             "both deleted on suspend",
         )
         await eventually(lambda: events(w.k, "Deleted"), "Deleted events")
@@ -305,7 +317,9 @@ async def test_a_finished_trainjob_releases_its_gang(condition: str) -> None:
         finished = {"status": {"conditions": [{"type": condition, "status": "True"}]}}
         await patch(w.k, TRAINJOBS, NS, NAME, finished)
         await eventually(
-            lambda: not stored(w.k, WORKLOADS, WORKLOAD) and not stored(w.k, POD_GROUPS, POD_GROUP),
+            lambda: (
+                not stored(w.k, WORKLOADS, gang(w.k)) and not stored(w.k, POD_GROUPS, gang(w.k))
+            ),
             "both deleted when finished",
         )
         assert await quiet(w.k) == 4  # two creates, two deletes: nothing made again
@@ -326,26 +340,18 @@ async def test_deleting_the_trainjob_leaves_cleanup_to_garbage_collection() -> N
         assert not objects(w.k, WORKLOADS) and not objects(w.k, POD_GROUPS)
 
 
-@pytest.mark.xfail(
-    reason=(
-        "a PodGroup deleted by someone else first gets a deletionTimestamp (its finalizer "
-        "scheduling.k8s.io/podgroup-protection), a MODIFIED event the reconciler queues at once, "
-        "not after gc_grace as a DELETED one: it recreates the pair within 0.5 s"
-    ),
-    strict=False,
-)
 async def test_objects_deleted_by_someone_else_come_back_only_if_the_trainjob_stays() -> None:
     async with world() as w:
         await a_trainjob_with_its_gang(w.k)
         # As the garbage collector does once the TrainJob is gone, but with the TrainJob here.
-        await delete(w.k, POD_GROUPS, NS, POD_GROUP)
-        await delete(w.k, WORKLOADS, NS, WORKLOAD)
+        await delete(w.k, POD_GROUPS, NS, gang(w.k))
+        await delete(w.k, WORKLOADS, NS, gang(w.k))
         await asyncio.sleep(0.5)
         assert not objects(w.k, WORKLOADS)  # not at once: its TrainJob may be going too
         await converged(w.k)  # after gc_grace: the TrainJob is still here, so they return
 
-        await delete(w.k, POD_GROUPS, NS, POD_GROUP)
-        await delete(w.k, WORKLOADS, NS, WORKLOAD)
+        await delete(w.k, POD_GROUPS, NS, gang(w.k))
+        await delete(w.k, WORKLOADS, NS, gang(w.k))
         await asyncio.sleep(0.5)
         await delete(w.k, TRAINJOBS, NS, NAME)  # its DELETED event came late
         await asyncio.sleep(2.5)
@@ -362,13 +368,13 @@ async def test_a_changed_min_count_is_patched_back_in_place() -> None:
         await shrink_min_count(w.k)
         await eventually(
             lambda: (
-                (p := stored(w.k, POD_GROUPS, POD_GROUP))
+                (p := stored(w.k, POD_GROUPS, gang(w.k)))
                 and p["spec"]["schedulingPolicy"]["gang"]["minCount"] == 100
             ),
             "minCount restored",
         )
-        assert uid(stored(w.k, POD_GROUPS, POD_GROUP)) == uid(pg)  # the same object
-        assert uid(stored(w.k, WORKLOADS, WORKLOAD)) == uid(wl)
+        assert uid(stored(w.k, POD_GROUPS, gang(w.k))) == uid(pg)  # the same object
+        assert uid(stored(w.k, WORKLOADS, gang(w.k))) == uid(wl)
         await eventually(lambda: events(w.k, "Updated"), "an Updated event")
 
 
@@ -381,7 +387,7 @@ async def test_server_defaults_are_not_drift() -> None:
         assert pg["spec"]["priority"] == 0
         assert pg["spec"]["preemptionPolicy"] == "PreemptLowerPriority"
         assert await quiet(w.k) == 2  # the two creates: nothing patched or recreated
-        assert uid(stored(w.k, POD_GROUPS, POD_GROUP)) == uid(pg)
+        assert uid(stored(w.k, POD_GROUPS, gang(w.k))) == uid(pg)
 
 
 async def test_any_other_drift_deletes_and_recreates() -> None:
@@ -396,13 +402,13 @@ async def test_any_other_drift_deletes_and_recreates() -> None:
             await first.stop()
         drifted = copy.deepcopy(pg)
         drifted["spec"]["schedulingConstraints"] = {"topology": [{"key": "example.com/rack"}]}
-        await delete(k, POD_GROUPS, NS, POD_GROUP)
+        await delete(k, POD_GROUPS, NS, gang(k))
         old = await create(k, POD_GROUPS, drifted)
         w = await World(k, url).start()
         try:
 
             def recreated() -> Any:
-                p = stored(w.k, POD_GROUPS, POD_GROUP)
+                p = stored(w.k, POD_GROUPS, gang(w.k))
                 return (
                     p
                     and uid(p) != uid(old)
@@ -412,7 +418,7 @@ async def test_any_other_drift_deletes_and_recreates() -> None:
 
             await eventually(recreated, "the PodGroup recreated as planned")
             await converged(w.k)
-            assert uid(stored(w.k, WORKLOADS, WORKLOAD)) != uid(wl)  # rule 8(f): both go
+            assert uid(stored(w.k, WORKLOADS, gang(w.k))) != uid(wl)  # rule 8(f): both go
             await quiet(w.k)
             assert len(objects(w.k, WORKLOADS)) == 1 and len(objects(w.k, POD_GROUPS)) == 1
         finally:
@@ -424,22 +430,27 @@ async def test_any_other_drift_deletes_and_recreates() -> None:
 
 async def test_a_foreign_object_with_our_name_is_left_alone_and_reported() -> None:
     async with world() as w:
+        w.cache.apis["native"] = "not-served"  # until the foreign object is there
+        await create(w.k, CLUSTER_RUNTIMES, cluster_runtime())
+        await create(w.k, TRAINJOBS, trainjob())
+        name = gang(w.k)
         foreign = {
             "apiVersion": "scheduling.k8s.io/v1beta1", "kind": "Workload",
-            "metadata": {"name": WORKLOAD, "namespace": NS},
+            "metadata": {"name": name, "namespace": NS},
             "spec": {"podGroupTemplates": [{"name": "x", "schedulingPolicy": {"basic": {}}}]},
         }  # fmt: skip
         await create(w.k, WORKLOADS, foreign)
-        before = stored(w.k, WORKLOADS, WORKLOAD)
-        await create(w.k, CLUSTER_RUNTIMES, cluster_runtime())
-        await create(w.k, TRAINJOBS, trainjob())
+        before = stored(w.k, WORKLOADS, name)
+        await eventually(lambda: w.cache.store(WORKLOAD).get(NS, name), "the foreign one cached")
+        w.cache.apis["native"] = "served"
+        w.reconciler.resync()
         conflict = (await eventually(lambda: events(w.k, "Conflict"), "a Conflict event"))[0]
-        assert conflict["type"] == "Warning" and WORKLOAD in conflict["note"]
+        assert conflict["type"] == "Warning" and name in conflict["note"]
         await asyncio.sleep(0.5)  # several conflict retries
-        assert stored(w.k, WORKLOADS, WORKLOAD) == before  # untouched
+        assert stored(w.k, WORKLOADS, name) == before  # untouched
         assert not objects(w.k, POD_GROUPS)
         assert len(w.k[UPDATE, WORKLOADS]) == 0 and len(w.k[DELETE, WORKLOADS]) == 0
-        await delete(w.k, WORKLOADS, NS, WORKLOAD)  # the owner of the foreign one gives way
+        await delete(w.k, WORKLOADS, NS, name)  # the owner of the foreign one gives way
         wl, _ = await converged(w.k)
         assert uid(wl) != uid(before)
 
@@ -491,13 +502,13 @@ async def test_a_restart_midway_converges_to_the_same_objects() -> None:
         next_requests(k[CREATE, POD_GROUPS], 1) << status(500)
         await create(k, CLUSTER_RUNTIMES, cluster_runtime())
         await create(k, TRAINJOBS, trainjob())
-        wl = await eventually(lambda: stored(k, WORKLOADS, WORKLOAD), "the Workload")
+        wl = await eventually(lambda: stored(k, WORKLOADS, gang(k)), "the Workload")
         await first.stop()  # gone midway: maybe before its PodGroup, maybe after a failed try
         second = await World(k, url).start()
         try:
             await converged(k)
             await quiet(k)
-            assert uid(stored(k, WORKLOADS, WORKLOAD)) == uid(wl)
+            assert uid(stored(k, WORKLOADS, gang(k))) == uid(wl)
             assert len(objects(k, WORKLOADS)) == 1 and len(objects(k, POD_GROUPS)) == 1
         finally:
             await second.stop()
@@ -522,7 +533,7 @@ async def test_a_runtime_edit_changes_only_trainjobs_created_afterwards() -> Non
         )
         assert later[0]["spec"]["podGroupTemplates"][0]["schedulingConstraints"] == rack
         await quiet(w.k)
-        old = stored(w.k, WORKLOADS, WORKLOAD)
+        old = stored(w.k, WORKLOADS, gang(w.k))
         assert old is not None and uid(old) == uid(wl)
         assert old["spec"]["podGroupTemplates"][0]["schedulingConstraints"]["topology"][0][
             "key"
@@ -611,7 +622,7 @@ async def test_serve_runs_webhooks_and_the_leader_elected_reconciler_in_one_proc
         answer = (await client.post(webhook_path(review, "mutate"), json=review)).json()
         ops = json.loads(base64.b64decode(answer["response"]["patch"]))
         assert ops == [
-            {"op": "add", "path": "/spec/schedulingGroup", "value": {"podGroupName": POD_GROUP}}
+            {"op": "add", "path": "/spec/schedulingGroup", "value": {"podGroupName": gang(k)}}
         ]
         await patch(k, TRAINJOBS, NS, NAME, {"spec": {"suspend": True}})
         await eventually(lambda: not objects(k, WORKLOADS), "deleted on suspend")
@@ -642,8 +653,12 @@ async def test_without_the_scheduling_api_nothing_is_made_and_the_webhooks_stay_
         assert ready.status_code == 200
         review = fixture("pod-create-by-job-controller.mutate.json")
         answer = (await client.post(webhook_path(review, "mutate"), json=review)).json()
-        assert answer["response"]["allowed"] is True and "patch" not in answer["response"]
-        assert not tj_annotated(k)  # nothing written to a TrainJob it cannot gang
+        # Its pods are held (the API server would drop a schedulingGroup silently), not let
+        # through loose; the runtime is frozen, so the gang is made once the API is served.
+        held = answer["response"]
+        assert held["allowed"] is False and held["status"]["code"] == 403, held
+        assert "scheduling.k8s.io/v1beta1 is not served" in held["status"]["message"]
+        await eventually(lambda: tj_annotated(k), "the runtime frozen")
         for resource in (WORKLOADS, POD_GROUPS):
             assert len(k[CREATE, resource]) == 0, resource
         # One Event says why the TrainJob has no gang (and no more on later passes).

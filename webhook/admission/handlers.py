@@ -258,7 +258,7 @@ def _gang_verdict(
         version = backend.kinds[0].group_version
         warnings.append(
             f"{backend.name} gang scheduling is unavailable ({version} is not served): the "
-            "TrainJob gets no gang until it is"
+            "TrainJob's pods are held until it is"
         )
     warnings += backend.admission_warnings(plan, context)
     errors = tree_errors(backend, cache) if plan.composites else []

@@ -703,18 +703,24 @@ class Reconciler:
         obj = new or old or {}
         meta = _meta(obj)
         self._created.pop((kind, meta.get("namespace", ""), meta.get("name", "")), None)
-        ours = False
+        uid = meta.get("uid", "")
+        ours = uid in self._deleted
         if event == "DELETED":
-            uid = meta.get("uid", "")
-            ours = uid in self._deleted
             self._deleted.discard(uid)
+        # A PodGroup deleted by someone else first only gets a deletionTimestamp (its
+        # protection finalizer waits for its pods): as good as gone for what to do next.
+        going = event == "DELETED" or (
+            event == "MODIFIED"
+            and bool(meta.get("deletionTimestamp"))
+            and not _meta(old or {}).get("deletionTimestamp")
+        )
         owner = controller_ref(obj)
         if owner is None or not is_trainjob_ref(owner) or self.queue is None:
             return
         namespace, name = meta.get("namespace"), owner.get("name")
         if not isinstance(namespace, str) or not isinstance(name, str):
             return
-        if event == "DELETED" and not ours:
+        if going and not ours:
             # Deleted by someone else: most often the garbage collector, because the TrainJob
             # is gone and its own DELETED event is still on the way. Look again a little later
             # rather than recreate for a TrainJob that no longer exists.
