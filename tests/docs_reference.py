@@ -574,6 +574,14 @@ EVENT_MEANING = {
     "GangDegraded": "an admitted gang has fewer live pods than its minCount "
     "([TrainJob status](status.md))",
     "GangRecovered": "a degraded gang is whole again",
+    "PodGroupCleanupBlocked": "an earlier gang's PodGroup of this name is still Terminating "
+    "(its pods are in their grace period); made again once it is gone, with backoff "
+    "([lifecycle](../concepts/lifecycle.md))",
+    "DriftHeld": "a gang object differs from the plan on an immutable field while the "
+    "TrainJob's pods use it: not recreated until no pod is left",
+    "TrainJobDeleting": "the TrainJob is being deleted: nothing is made for it",
+    "MixedSchedulingGroup": "its pods already ran without a group when its runtime gained "
+    "`spec.scheduling`: frozen without a gang, never half-grouped",
 }
 
 
@@ -612,6 +620,9 @@ KEYS: list[tuple[str, str, str, str, str, str]] = [
      "ever changed or deleted"),
     ("webhook.backends.base", "TRAINJOB_LABEL", "label", "every gang object", "written",
      "the TrainJob's name, so watches select one TrainJob's objects"),
+    ("webhook.backends.base", "PLAN_VERSION_LABEL", "label", "every gang object (plan version 2 "
+     "on)", "written", "the plan version whose rules named it; absent on objects of version 1 "
+     "([lifecycle](../concepts/lifecycle.md))"),
     ("webhook.backends.base", "POLICY_ANNOTATION", "annotation",
      "Volcano, KAI and Coscheduling PodGroups", "written", "the plan's policy, `gang` or "
      "`basic`"),

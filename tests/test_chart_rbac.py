@@ -33,7 +33,7 @@ import yaml
 from cryptography import x509
 
 from tests.chart import BASE, NAMESPACE, Json, Rendered, render
-from tests.harness import OnLoop, ServerProcess, server_process
+from tests.harness import OnLoop, ServerProcess, fixture, server_process
 from tests.kube_emulator import (
     CLUSTER_RUNTIMES,
     COMPOSITE_POD_GROUPS,
@@ -59,6 +59,7 @@ from tests.test_metrics_serve import cluster_runtime, trainjob
 from tests.test_trees import zone_block_rack
 from webhook.backends.base import Kind
 from webhook.backends.registry import all_backends
+from webhook.core.plan import JOBSET_NAME
 
 T = TypeVar("T")
 
@@ -388,8 +389,18 @@ def test_the_service_runs_on_the_charts_rbac_alone(tmp_path: Path, rendered: Ren
             assert scrape(served, ca_file, "intruder-token").status_code == 403
             assert scrape(served, ca_file, None).status_code == 401
 
-            # The `helm test` pods' scripts, against the Service's name.
+            # A JobSet pod whose TrainJob the cache lacks: the API server is asked (get) and,
+            # with no TrainJob of that name, the pod passes untouched.
             webhook_port = served.url.rsplit(":", 1)[1]
+            plain = fixture("pod-create-by-job-controller.mutate.json")
+            plain["request"]["object"]["metadata"]["labels"][JOBSET_NAME] = "plain-jobset"
+            context = ssl.create_default_context(cafile=str(ca_file))
+            with httpx.Client(verify=context, timeout=10) as client:
+                url = f"https://127.0.0.1:{webhook_port}/mutate--v1-pod"
+                answer = client.post(url, json=plain, extensions={"sni_hostname": HOST}).json()
+            assert answer["response"]["allowed"] is True and "patch" not in answer["response"]
+
+            # The `helm test` pods' scripts, against the Service's name.
             env = {"CA_FILE": str(ca_file), "WEBHOOK_URL": f"https://{HOST}:{webhook_port}"}
             done = run_script(rendered, f"{BASE}-test-webhook", env)
             assert done.returncode == 0 and "denied as expected" in done.stdout, (

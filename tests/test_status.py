@@ -40,14 +40,14 @@ from tests.test_backends import hand_made_workload
 from tests.test_reconciler import (
     NAME,
     NS,
-    WORKLOAD,
     cluster_runtime,
     events,
+    gang,
     lease_holder,
     stored,
     trainjob,
 )
-from webhook.backends.native import COMPOSITE
+from webhook.backends.native import COMPOSITE, WORKLOAD
 from webhook.core import condition as cond
 from webhook.core.plan import JOB_INDEX, JOBSET_NAME, REPLICATED_JOB_NAME, build_plan
 from webhook.kube.cache import Cache
@@ -440,17 +440,21 @@ async def test_another_controllers_gang_objects_are_stood_down_for() -> None:
 
 
 async def test_a_foreign_object_with_our_name_is_a_name_conflict() -> None:
-    async with service() as s:
+    async with service(served=False) as s:  # served once the foreign object is there
+        await create(s.k, CLUSTER_RUNTIMES, cluster_runtime())
+        await create(s.k, TRAINJOBS, small_trainjob())
+        name = gang(s.k)
         foreign = {
             "apiVersion": "scheduling.k8s.io/v1beta1", "kind": "Workload",
-            "metadata": {"name": WORKLOAD, "namespace": NS},
+            "metadata": {"name": name, "namespace": NS},
             "spec": {"podGroupTemplates": [{"name": "x", "schedulingPolicy": {"basic": {}}}]},
         }  # fmt: skip
         await create(s.k, WORKLOADS, foreign)
-        await create(s.k, CLUSTER_RUNTIMES, cluster_runtime())
-        await create(s.k, TRAINJOBS, small_trainjob())
+        await eventually(lambda: s.cache.store(WORKLOAD).get(NS, name), "the foreign one cached")
+        s.cache.apis["native"] = "served"
+        s.reconciler.resync()
         found = await condition_is(s.k, cond.NAME_CONFLICT)
-        assert WORKLOAD in found["message"]
+        assert name in found["message"]
 
 
 async def test_a_refused_gang_object_is_said_then_made() -> None:
