@@ -28,7 +28,7 @@ from tests.chart import BASE, CHART, NAMESPACE, RELEASE, Json, Rendered, lint, r
 from tests.chart import render_error as refused
 from tests.harness import fixture, fixture_cache, fixture_names
 from tests.paths import SAMPLES, SHARED
-from webhook.admission.review import parse
+from webhook.admission.review import Decision, parse
 from webhook.admission.routes import WEBHOOKS
 from webhook.backends.registry import all_backends, default_backends
 from webhook.cli import _SERVE_OPTIONS, build_parser
@@ -513,6 +513,7 @@ def test_selectors_and_match_conditions_never_skip_a_review_the_service_changes(
             continue  # the API server never sends it
         called = _object_selected(hook, doc) and _match_conditions_hold(hook, doc)
         decision = webhook.handler(review, cache)
+        assert isinstance(decision, Decision)  # without a lookup, no handler awaits
         if decision.patch or not decision.allowed:
             assert called, f"{name}: the service would answer, but the webhook is skipped"
         reached += called

@@ -148,7 +148,9 @@ def test_the_runtime_snapshot_is_on_the_trainjob(gang: Gang) -> None:
     assert frozen is not None, annotations[SNAPSHOT_ANNOTATION]
     job, _ = parse(TrainJob, gang.trainjob)
     assert job is not None
-    assert build_plan(job, frozen) == gang.plan  # the snapshot plans what the runtime plans
+    assert frozen.runtime is not None, "frozen without a gang"
+    # The snapshot plans what the runtime plans, with the names of its plan version.
+    assert build_plan(job, frozen.runtime, frozen.version) == gang.plan
 
 
 def test_created_events_name_both_objects(scenario: Scenario, gang: Gang) -> None:
