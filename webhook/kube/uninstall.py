@@ -86,11 +86,12 @@ def _annotated(obj: Mapping[str, Any]) -> bool:
 
 async def trainjobs(api: ApiClient, namespace: str | None) -> AsyncIterator[Json]:
     """Every TrainJob in `namespace` (None: all), page by page."""
-    objects = CustomObjectsApi(api)
+    objects: Any = CustomObjectsApi(api)  # its answers are typed as object
     r = TRAINJOBS
     token: str | None = None
     while True:
         options: dict[str, Any] = {"limit": PAGE, **({"_continue": token} if token else {})}
+        page: Json
         if namespace is None:
             page = await objects.list_cluster_custom_object(r.group, r.version, r.plural, **options)
         else:
@@ -105,7 +106,7 @@ async def trainjobs(api: ApiClient, namespace: str | None) -> AsyncIterator[Json
             return
 
 
-async def _remove_condition(objects: CustomObjectsApi, namespace: str, name: str) -> None:
+async def _remove_condition(objects: Any, namespace: str, name: str) -> None:
     r = TRAINJOBS
     body = {
         "apiVersion": TRAINER_API_VERSION,
@@ -113,7 +114,7 @@ async def _remove_condition(objects: CustomObjectsApi, namespace: str, name: str
         "metadata": {"name": name, "namespace": namespace},
         "status": {"conditions": []},
     }
-    applied = await objects.patch_namespaced_custom_object_status(
+    applied: Json = await objects.patch_namespaced_custom_object_status(
         r.group, r.version, namespace, r.plural, name, body,
         field_manager=FIELD_MANAGER, force=True,
         _content_type="application/apply-patch+yaml",
@@ -132,9 +133,7 @@ async def _remove_condition(objects: CustomObjectsApi, namespace: str, name: str
     )  # fmt: skip
 
 
-async def _remove_annotation(
-    objects: CustomObjectsApi, namespace: str, name: str, uid: str | None
-) -> None:
+async def _remove_annotation(objects: Any, namespace: str, name: str, uid: str | None) -> None:
     r = TRAINJOBS
     meta: Json = {"annotations": {SNAPSHOT_ANNOTATION: None}}
     if uid:
