@@ -1,7 +1,7 @@
 """The release (`make release`: tools/release.py) from one version source, pyproject.toml's:
 the chart's version and appVersion, `--version`, and every artefact in dist/ carry it; the SBOM
 lists every package the lock file pins; the krew manifest's sha256 is its archive's; SHA256SUMS
-checks every file; the plugin archive is byte for byte the same when made twice."""
+checks every file; the wheel and the plugin archive are byte for byte the same when made twice."""
 
 from __future__ import annotations
 
@@ -151,3 +151,9 @@ def test_the_plugin_archive_holds_a_launcher_the_wheel_and_the_lock(
     again.mkdir()
     wheel = dist / f"trainjob_scheduling_webhook-{VERSION}-py3-none-any.whl"
     assert release.plugin_archive(again, VERSION, wheel).read_bytes() == archive.read_bytes()
+
+
+def test_the_wheel_is_the_same_when_built_again(dist: Path, tmp_path: Path) -> None:
+    """SOURCE_DATE_EPOCH (the last commit's time) fixes the wheel's file times."""
+    wheel = dist / f"trainjob_scheduling_webhook-{VERSION}-py3-none-any.whl"
+    assert release.build_wheel(tmp_path).read_bytes() == wheel.read_bytes()

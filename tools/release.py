@@ -16,9 +16,9 @@ What it makes (names carry the version V):
   manifest (the archive's URL under --url, and its sha256);
 * SHA256SUMS: `sha256sum -c` checks every file above.
 
-Reproducible: the archives are written with fixed times, owners and order, and the SBOM with
---output-reproducible, so two runs on one commit give the same bytes (but the wheel, whose
-RECORD carries the build's file times).
+Reproducible: the wheel is built with SOURCE_DATE_EPOCH at the last commit's time, the archives
+are written with fixed times, owners and order, and the SBOM with --output-reproducible, so two
+runs on one commit give the same bytes.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import argparse
 import gzip
 import hashlib
 import io
+import os
 import re
 import shutil
 import subprocess
@@ -44,7 +45,7 @@ DEFAULT_URL = "https://downloads.example.invalid/trainjob-scheduling/v{version}"
 HOMEPAGE = "https://downloads.example.invalid/trainjob-scheduling"
 # The platforms krew offers the plugin on: the launcher is a POSIX shell script and the wheel is
 # pure Python (the compiled dependencies come from PyPI for the user's machine).
-PLATFORMS = [(os, arch) for os in ("linux", "darwin") for arch in ("amd64", "arm64")]
+PLATFORMS = [(system, arch) for system in ("linux", "darwin") for arch in ("amd64", "arm64")]
 
 
 def package_version() -> str:
@@ -80,11 +81,22 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def source_date_epoch() -> str:
+    """The last commit's time (reproducible builds' SOURCE_DATE_EPOCH): the wheel's file times,
+    so the same commit gives the same wheel; 1980 (the zip format's first date) outside git."""
+    done = subprocess.run(
+        ["git", "-C", str(REPO), "log", "-1", "--format=%ct"],
+        capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    stamp = done.stdout.strip()
+    return stamp if done.returncode == 0 and stamp.isdigit() else "315532800"
+
+
 def build_wheel(dist: Path) -> Path:
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input"]
     subprocess.run(
         [*pip, "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist), str(REPO)],
-        check=True, timeout=600,
+        check=True, timeout=600, env={**os.environ, "SOURCE_DATE_EPOCH": source_date_epoch()},
     )  # fmt: skip
     (wheel,) = dist.glob("trainjob_scheduling_webhook-*.whl")
     return wheel
@@ -167,12 +179,12 @@ def krew_manifest(dist: Path, version: str, archive: Path, url: str) -> Path:
             ),
             "platforms": [
                 {
-                    "selector": {"matchLabels": {"os": os, "arch": arch}},
+                    "selector": {"matchLabels": {"os": system, "arch": arch}},
                     "uri": f"{url.rstrip('/')}/{archive.name}",
                     "sha256": digest,
                     "bin": PLUGIN_BIN,
                 }
-                for os, arch in PLATFORMS
+                for system, arch in PLATFORMS
             ],
         },
     }
