@@ -103,9 +103,25 @@ def build_wheel(dist: Path) -> Path:
 
 
 def package_chart(dist: Path, version: str) -> Path:
+    """Helm's package, its entries' times set to the last commit's (Helm writes each file's own
+    time, which differs between clones) and its gzip header's to zero: same commit, same bytes."""
     import helm_python as helm
 
-    return Path(helm.package(CHART, destination=dist, version=version, app_version=version))
+    packaged = Path(helm.package(CHART, destination=dist, version=version, app_version=version))
+    when = int(source_date_epoch())
+    buffer = io.BytesIO()
+    with (
+        tarfile.open(packaged, "r:gz") as source,
+        tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as target,
+    ):
+        for member in source.getmembers():
+            data = source.extractfile(member) if member.isfile() else None
+            member.mtime, member.uid, member.gid, member.uname, member.gname = when, 0, 0, "", ""
+            member.pax_headers = {}
+            target.addfile(member, data)
+    with packaged.open("wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as zipped:
+        zipped.write(buffer.getvalue())
+    return packaged
 
 
 def sbom(dist: Path) -> Path:
