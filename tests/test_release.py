@@ -14,6 +14,7 @@ import tarfile
 import tomllib
 from pathlib import Path
 
+import helm_python as helm
 import pytest
 import yaml
 
@@ -94,6 +95,12 @@ def test_the_packaged_chart_carries_the_version(dist: Path) -> None:
         assert member is not None
         chart = yaml.safe_load(member.read())
     assert (chart["version"], chart["appVersion"]) == (VERSION, VERSION)
+    # Helm's own loader takes the archive as written.
+    loaded = helm.Chart.load(dist / f"trainjob-scheduling-{VERSION}.tgz")
+    try:
+        assert (loaded.name, loaded.version) == ("trainjob-scheduling", VERSION)
+    finally:
+        loaded.close()
 
 
 def test_the_sbom_lists_every_locked_package(dist: Path) -> None:
