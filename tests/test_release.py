@@ -17,6 +17,8 @@ from pathlib import Path
 import helm_python as helm
 import pytest
 import yaml
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from tests.paths import REPO
 from tools import release
@@ -29,7 +31,26 @@ def locked() -> dict[str, str]:
     pins = re.findall(
         r"(?m)^([A-Za-z0-9._-]+)==([^ \\\n]+)", (REPO / "requirements.lock").read_text()
     )
-    return {re.sub(r"[-_.]+", "-", name).lower(): version for name, version in pins}
+    return {canonicalize_name(name): version for name, version in pins}
+
+
+def test_the_lock_file_satisfies_the_dependencies() -> None:
+    """Every runtime dependency of pyproject.toml that applies in the image (CPython 3.11 on
+    Linux) is locked at a version its specifier allows, with hashes: a changed dependency
+    without `make lock` fails here."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    pins = locked()
+    image = {"python_version": "3.11", "sys_platform": "linux", "platform_system": "Linux"}
+    for text in project["dependencies"]:
+        wanted = Requirement(text)
+        if wanted.marker is not None and not wanted.marker.evaluate(image):
+            continue
+        name = canonicalize_name(wanted.name)
+        assert name in pins, f"{name} is not in requirements.lock: run make lock"
+        assert wanted.specifier.contains(pins[name]), f"{name}=={pins[name]} is not {wanted}"
+    blocks = re.split(r"(?m)^(?=[A-Za-z0-9])", (REPO / "requirements.lock").read_text())
+    for block in (b for b in blocks if "==" in b):
+        assert "--hash=sha256:" in block, block.splitlines()[0]
 
 
 def test_the_chart_carries_the_package_version() -> None:
