@@ -16,6 +16,7 @@ import pytest
 
 from tests.builders import Json, trainjob
 from tests.kube_emulator import (
+    MUTATING_CONFIGS,
     POD_GROUPS,
     TRAINJOBS,
     WORKLOADS,
@@ -180,6 +181,14 @@ async def test_the_command_says_what_it_does(tmp_path: Path) -> None:
 
         code, out, err = await run("uninstall", "-n", "elsewhere", config=config)
         assert (code, out) == (0, "0 TrainJobs examined, 0 cleaned, 0 failed\n")
+
+        # The service still installed: it would write both back, and the command says so.
+        configuration = {"metadata": {"name": FIELD_MANAGER}, "webhooks": []}
+        await create(k, MUTATING_CONFIGS, configuration)
+        code, out, err = await run("uninstall", "--dry-run", config=config)
+        assert code == 0 and err.startswith(
+            "Warning: the service's webhook configuration is still installed"
+        ), err
 
 
 @pytest.mark.asyncio
