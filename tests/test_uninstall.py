@@ -30,6 +30,7 @@ from tests.kube_emulator import (
 from tests.paths import REPO
 from webhook.core.condition import CONDITION_TYPE, FIELD_MANAGER
 from webhook.core.snapshot import SNAPSHOT_ANNOTATION
+from webhook.kube import uninstall
 from webhook.kube.uninstall import clean_up
 from webhook.kube.writer import ApiWriter
 
@@ -90,7 +91,10 @@ def content_types(requests: list[Any]) -> list[str]:
 
 
 @pytest.mark.asyncio
-async def test_the_condition_and_annotation_come_off_and_the_gangs_stay() -> None:
+async def test_the_condition_and_annotation_come_off_and_the_gangs_stay(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(uninstall, "PAGE", 1)  # one TrainJob a page: the continue token followed
     async with emulator() as (k, url), api_client(url) as api:
         before = await served_trainjob(k, api, "served")
         assert condition_types(before) == ["Created", CONDITION_TYPE]
@@ -100,6 +104,7 @@ async def test_the_condition_and_annotation_come_off_and_the_gangs_stay() -> Non
         start = len(list(k))
         dry = await clean_up(api, None, dry_run=True)
         assert writes(k, start) == []  # a dry run only lists
+        assert len(list(k)[start:]) == 2  # a page for each TrainJob (the last one ends the list)
         assert dry.examined == 2
         assert [(c.name, c.condition, c.annotation) for c in dry.cleaned] == [
             ("served", True, True)
