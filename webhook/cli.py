@@ -359,7 +359,7 @@ def _add_uninstall(commands: Any) -> None:
 
 def uninstall_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from .explain.gather import ExplainError, connect
-    from .kube.uninstall import Summary, clean_up, describe, service_present
+    from .kube.uninstall import Summary, clean_up, service_present
 
     async def uninstall() -> tuple[Summary, bool]:
         cluster = await connect(args.kubeconfig, args.context)
@@ -376,9 +376,6 @@ def uninstall_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int
     except ExplainError as exc:
         print(f"error: {exc}", file=err)
         return EXIT_INVALID
-    except Exception as exc:  # the list itself failed (403, no such resource, no connection)
-        print(f"error: cannot list TrainJobs: {describe(exc)}", file=err)
-        return EXIT_INVALID
     if present:
         print(
             "Warning: the service's webhook configuration is still installed: a running "
@@ -389,11 +386,14 @@ def uninstall_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int
         print(cleaned.sentence(args.dry_run), file=err if cleaned.error else out)
     verb = "would be cleaned" if args.dry_run else "cleaned"
     done = len(summary.cleaned) - len(summary.failed)
-    print(
-        f"{summary.examined} TrainJobs examined, {done} {verb}, {len(summary.failed)} failed",
-        file=out,
-    )
-    return EXIT_INVALID if summary.failed else 0
+    if summary.examined or not summary.stopped:  # no count when not one TrainJob was read
+        print(
+            f"{summary.examined} TrainJobs examined, {done} {verb}, {len(summary.failed)} failed",
+            file=out,
+        )
+    if summary.stopped:  # 403, no such resource, no connection: said last, after what was done
+        print(f"error: cannot list TrainJobs: {summary.stopped}", file=err)
+    return EXIT_INVALID if summary.failed or summary.stopped else 0
 
 
 def _samples() -> dict[str, Traversable]:

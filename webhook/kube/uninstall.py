@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 from kubernetes.aio.client import ApiClient, CustomObjectsApi
 from kubernetes.aio.client.exceptions import ApiException
 
@@ -61,6 +62,7 @@ class Cleaned:
 class Summary:
     examined: int = 0
     cleaned: list[Cleaned] = field(default_factory=list)
+    stopped: str = ""  # why the walk stopped short (the list or the connection failed)
 
     @property
     def failed(self) -> list[Cleaned]:
@@ -153,37 +155,45 @@ def describe(err: Exception) -> str:
 async def clean_up(api: ApiClient, namespace: str | None, *, dry_run: bool) -> Summary:
     """Removes the service's condition and annotation from every TrainJob in `namespace` (None:
     all) that carries either; with `dry_run`, only says which it would touch. A TrainJob gone
-    meanwhile is skipped; any other error is noted on it and the rest goes on."""
+    meanwhile is skipped; an API error on one is noted on it and the rest goes on; a list or
+    connection that fails stops the walk, what was done until then kept in the summary."""
     objects = CustomObjectsApi(api)
     summary = Summary()
-    async for obj in trainjobs(api, namespace):
-        summary.examined += 1
-        meta = obj.get("metadata") or {}
-        found = Cleaned(
-            str(meta.get("namespace", "")),
-            str(meta.get("name", "")),
-            condition=_condition_index(obj) is not None,
-            annotation=_annotated(obj),
-        )
-        if not (found.condition or found.annotation):
-            continue
-        summary.cleaned.append(found)
-        if dry_run:
-            continue
-        try:
-            if found.condition:
-                await _remove_condition(objects, found.namespace, found.name)
-            if found.annotation:
-                uid = meta.get("uid")
-                await _remove_annotation(
-                    objects, found.namespace, found.name, uid if isinstance(uid, str) else None
-                )
-        except ApiException as err:
-            if err.status == 404:  # deleted (or recreated) meanwhile: nothing of ours on it
-                summary.cleaned.remove(found)
-                continue
-            found.error = describe(err)
+    try:
+        async for obj in trainjobs(api, namespace):
+            summary.examined += 1
+            found = await _clean(objects, obj, dry_run)
+            if found is not None:
+                summary.cleaned.append(found)
+    except (ApiException, aiohttp.ClientError, OSError) as err:  # OSError: timeouts too
+        summary.stopped = describe(err)
     return summary
+
+
+async def _clean(objects: CustomObjectsApi, obj: Json, dry_run: bool) -> Cleaned | None:
+    """What came off one TrainJob (None: nothing of the service's was on it, or it is gone)."""
+    meta = obj.get("metadata") or {}
+    found = Cleaned(
+        str(meta.get("namespace", "")),
+        str(meta.get("name", "")),
+        condition=_condition_index(obj) is not None,
+        annotation=_annotated(obj),
+    )
+    if not (found.condition or found.annotation) or dry_run:
+        return found if found.condition or found.annotation else None
+    try:
+        if found.condition:
+            await _remove_condition(objects, found.namespace, found.name)
+        if found.annotation:
+            uid = meta.get("uid")
+            await _remove_annotation(
+                objects, found.namespace, found.name, uid if isinstance(uid, str) else None
+            )
+    except ApiException as err:
+        if err.status == 404:  # deleted (or recreated) meanwhile: nothing of ours on it
+            return None
+        found.error = describe(err)
+    return found
 
 
 async def service_present(api: ApiClient) -> bool:
