@@ -7,7 +7,7 @@ SAMPLES := webhook/samples
 CERT_DIR ?= certs
 SERVE_ARGS ?=
 
-.PHONY: setup test lint format typecheck unit docs docs-serve run certs plan bench prometheus image clean
+.PHONY: setup test lint format typecheck unit docs docs-serve run certs plan bench prometheus image lock stamp release clean
 
 setup: $(VENV)/.installed
 
@@ -23,8 +23,8 @@ test: lint typecheck docs unit
 ## lint: ruff, and codespell over the docs, the README and the code (.codespell-ignore: words
 ## that are meant)
 lint: setup
-	$(PY) -m ruff check webhook tests docs
-	$(PY) -m ruff format --check webhook tests docs
+	$(PY) -m ruff check webhook tests docs tools
+	$(PY) -m ruff format --check webhook tests docs tools
 	$(VENV)/bin/codespell --ignore-words .codespell-ignore --skip '*.min.js' docs README.md webhook charts/trainjob-scheduling/README.md
 
 ## docs: the documentation site into site/ (strict: a broken link or a warning fails); the
@@ -40,8 +40,8 @@ docs-serve: setup
 	$(DOCS_ENV) $(PY) -m mkdocs serve --strict --dev-addr 127.0.0.1:8000
 
 format: setup
-	$(PY) -m ruff format webhook tests docs
-	$(PY) -m ruff check --fix webhook tests docs
+	$(PY) -m ruff format webhook tests docs tools
+	$(PY) -m ruff check --fix webhook tests docs tools
 
 typecheck: setup
 	$(PY) -m mypy
@@ -88,12 +88,19 @@ prometheus:
 	@prometheus --version | head -1
 
 ## image: the container image (Dockerfile) with docker or podman, whichever has a working engine;
-## tagged $(IMAGE):$(TAG), the tag defaulting to the package's version
+## tagged $(IMAGE):$(TAG), the tag defaulting to the package's version. The base is built from by
+## digest: BASE_DIGEST= when given, else the one $(BASE_IMAGE) resolves to now (printed, and kept
+## in the image's base.digest label). For $(PLATFORMS) with docker buildx or podman (a manifest
+## list; BUILDX_FLAGS=--push to push it), else for this machine's architecture only, said so.
 IMAGE ?= trainjob-scheduling-webhook
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 TAG ?= $(VERSION)
 SOURCE ?= $(shell git remote get-url origin 2>/dev/null || echo unknown)
 ENGINE ?= $(shell for e in docker podman; do command -v $$e >/dev/null 2>&1 && $$e info >/dev/null 2>&1 && { echo $$e; break; }; done)
+BASE_IMAGE ?= python:3.11-slim-bookworm
+BASE_DIGEST ?=
+PLATFORMS ?= linux/amd64,linux/arm64
+BUILDX_FLAGS ?=
 
 image:
 	@if [ -z "$(ENGINE)" ]; then \
@@ -103,7 +110,43 @@ image:
 		done; \
 		echo "error: make image needs docker or podman with a working engine" >&2; exit 1; \
 	fi
-	$(ENGINE) build --build-arg VERSION=$(VERSION) --build-arg SOURCE=$(SOURCE) -t $(IMAGE):$(TAG) .
+	@set -e; digest='$(BASE_DIGEST)'; \
+	if [ -z "$$digest" ]; then \
+		$(ENGINE) pull --quiet $(BASE_IMAGE) >/dev/null; \
+		digest=$$($(ENGINE) image inspect --format '{{index .RepoDigests 0}}' $(BASE_IMAGE) | sed -n 's/.*@//p'); \
+	fi; \
+	case "$$digest" in sha256:*) ;; *) echo "error: cannot resolve $(BASE_IMAGE) to a digest (got '$$digest')" >&2; exit 1;; esac; \
+	echo "base: $(BASE_IMAGE)@$$digest (BASE_DIGEST=$$digest builds on it again)"; \
+	args="--build-arg VERSION=$(VERSION) --build-arg SOURCE=$(SOURCE) --build-arg PYTHON_IMAGE=$(BASE_IMAGE)@$$digest --build-arg BASE_DIGEST=$$digest"; \
+	if [ "$(ENGINE)" = podman ]; then \
+		echo "building for $(PLATFORMS) with podman, as the manifest list $(IMAGE):$(TAG)"; \
+		podman build --platform $(PLATFORMS) $$args --manifest $(IMAGE):$(TAG) .; \
+	elif docker buildx version >/dev/null 2>&1; then \
+		echo "building for $(PLATFORMS) with docker buildx"; \
+		docker buildx build --platform $(PLATFORMS) $$args $(BUILDX_FLAGS) -t $(IMAGE):$(TAG) .; \
+	else \
+		echo "note: docker has no buildx plugin: building for this machine's architecture only, not $(PLATFORMS)" >&2; \
+		docker build $$args -t $(IMAGE):$(TAG) .; \
+	fi
+
+## lock: requirements.lock, the image's dependencies pinned with their sha256 hashes (uv, from
+## the test extras; resolved for CPython 3.11 on Linux, the image's; needs PyPI)
+lock: setup
+	$(VENV)/bin/uv pip compile pyproject.toml --generate-hashes --python-version 3.11 \
+		--python-platform linux --custom-compile-command "make lock" --no-config --quiet \
+		-o requirements.lock
+
+## stamp: the chart's version and appVersion set to the package's (pyproject.toml's version,
+## the one version source)
+stamp: setup
+	$(PY) -m tools.release --stamp
+
+## release: into dist/: the wheel, the packaged chart, the SBOM of the image's Python
+## environment, the kubectl plugin's archive and krew manifest, and SHA256SUMS
+## (tools/release.py; RELEASE_URL: where the files will be downloaded from)
+RELEASE_URL ?= https://downloads.example.invalid/trainjob-scheduling/v{version}
+release: setup
+	$(PY) -m tools.release --dist dist --url '$(RELEASE_URL)'
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis *.egg-info site
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis *.egg-info site dist build

@@ -128,7 +128,8 @@ def cli_page() -> str:
         "bad value from any source stops it with one `error:` line and exit status 2. `--help` and "
         "usage errors name the command as it was started: `trainjob-scheduling-webhook` (the "
         "console script, the image's entrypoint), `python -m webhook`, or `kubectl "
-        "trainjob-scheduling` (the kubectl plugin).\n\n",
+        "trainjob-scheduling` (the kubectl plugin). `--version` prints the package's version "
+        "(pyproject.toml's, which the chart and the image carry too).\n\n",
     ]
     for name, sub in subcommands(root).items():
         out.append(f"## `{name}`\n\n{sub.description or ''}\n\n")

@@ -275,13 +275,17 @@ def _parses(args: list[str], where: str) -> None:
 # Flags of other programs the docs name in passing: kubectl, helm, kube-apiserver, mkdocs and
 # the benchmarks (tests/bench/*.py, which take their own).
 OTHER_PROGRAMS_FLAGS = {"--api-group", "--for", "--help", "--no-hooks", "--runtime-config",
-                        "--strict", "--profile", "--sizes", "--snapshotted"}  # fmt: skip
+                        "--strict", "--profile", "--sizes", "--snapshotted",
+                        # pip's and uv's (the lock file), kubectl's, buildx's, krew's
+                        "--generate-hashes", "--require-hashes", "--only-binary", "--no-deps",
+                        "--field-selector", "--push", "--manifest"}  # fmt: skip
 
 
 def test_every_flag_the_prose_names_exists() -> None:
     """A `--flag` in the text (tables included) is one of the CLI's, so a renamed or removed
     flag cannot linger in the docs."""
-    ours = set().union(*(ref.flags(c) for c in ("plan", "serve", "explain", "certs", "samples")))
+    commands = ("plan", "serve", "explain", "uninstall", "certs", "samples")
+    ours = set().union(*(ref.flags(c) for c in commands), {"--version"})  # --version: the root's
     unknown: dict[str, str] = {}
     for page in PAGES:
         prose = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
@@ -327,8 +331,10 @@ def chart_alerts() -> set[str]:
     return {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r}
 
 
+# A name followed by - or . is a file's (the wheel's), not a metric's.
 _METRIC = re.compile(
     r"`((?:trainjob_scheduling|controller_runtime|workqueue|certwatcher|leader_election)_\w+)"
+    r"(?![-.\w])"
 )
 
 

@@ -57,6 +57,12 @@ def test_the_dockerfile_builds_in_one_stage_and_ships_another() -> None:
     build_runs = " ".join(i.args for i in build if i.keyword == "RUN")
     assert "pip wheel" in build_runs and "compileall" in build_runs
     assert "pip uninstall --yes pip setuptools" in build_runs  # the virtualenv has no pip
+    # The dependencies come from the lock file, each checked against its hashes, as wheels only;
+    # the service's own wheel adds none of its own.
+    assert "--require-hashes --only-binary=:all: -r requirements.lock" in build_runs
+    assert "pip install --no-cache-dir --no-compile --no-deps /wheels/*.whl" in build_runs
+    copied = " ".join(i.args for i in build if i.keyword == "COPY")
+    assert "requirements.lock" in copied
 
     runs = " ".join(i.args for i in final if i.keyword == "RUN")
     for tool in ("pip install", "apt-get", "gcc", "cc ", "make"):
@@ -126,11 +132,14 @@ def test_the_final_stage_runs_unprivileged_and_read_only() -> None:
         assert f"org.opencontainers.image.{key}=" in labels
     assert 'org.opencontainers.image.licenses="Apache-2.0"' in labels
     assert 'org.opencontainers.image.version="${VERSION}"' in labels
+    assert 'org.opencontainers.image.base.name="${PYTHON_IMAGE}"' in labels
+    assert 'org.opencontainers.image.base.digest="${BASE_DIGEST}"' in labels
     ignored = (REPO / ".dockerignore").read_text().split()
     assert ignored[ignored.index("*") :] == [
         "*",
         "!pyproject.toml",
         "!README.md",
+        "!requirements.lock",
         "!webhook/",
         "**/__pycache__",
     ]
@@ -147,28 +156,36 @@ def test_hadolint_finds_nothing_to_say() -> None:
     assert linted.returncode == 0, linted.stdout + linted.stderr
 
 
-def fake_engine(bin_dir: Path, name: str, *, works: bool) -> Path:
-    """A stand-in engine: `info` succeeds or fails; `build` records its arguments."""
+BASE_DIGEST = "sha256:" + "ab" * 32  # what the stand-in engines resolve the base tag to
+
+
+def fake_engine(bin_dir: Path, name: str, *, works: bool, buildx: bool = False) -> Path:
+    """A stand-in engine: `info` succeeds or fails; `pull` succeeds; `image inspect` prints the
+    base's repository digest; `buildx version` succeeds if `buildx`; a build records its
+    arguments."""
     record = bin_dir / f"{name}.args"
     script = bin_dir / name
     script.write_text(
         "#!/bin/sh\n"
         f'if [ "$1" = info ]; then exit {0 if works else 1}; fi\n'
+        'if [ "$1" = pull ]; then exit 0; fi\n'
+        f'if [ "$1" = image ]; then echo "python@{BASE_DIGEST}"; exit 0; fi\n'
+        f'if [ "$1 $2" = "buildx version" ]; then exit {0 if buildx else 1}; fi\n'
         f'printf "%s\\n" "$@" > {record}\n'
     )
     script.chmod(0o755)
     return record
 
 
-def make_image(bin_dir: Path) -> subprocess.CompletedProcess[str]:
+def make_image(bin_dir: Path, *variables: str) -> subprocess.CompletedProcess[str]:
     for tool in ("sed", "git"):  # all `make image` needs besides an engine
         found = shutil.which(tool)
-        if found:
+        if found and not (bin_dir / tool).exists():
             (bin_dir / tool).symlink_to(found)
     make = shutil.which("make")
     assert make is not None
     return subprocess.run(
-        [make, "-s", "-C", str(REPO), "image"],
+        [make, "-s", "-C", str(REPO), "image", *variables],
         env={"PATH": str(bin_dir)}, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
 
@@ -184,6 +201,17 @@ def test_make_image_says_why_without_a_working_engine(tmp_path: Path) -> None:
     ]
 
 
+def package_version() -> str:
+    version = re.search(r'^version = "(.+)"', (REPO / "pyproject.toml").read_text(), re.M)
+    assert version is not None
+    return version[1]
+
+
+def build_args(args: list[str]) -> dict[str, str]:
+    pairs = zip(args[1:], args[:-1], strict=True)  # each argument beside the one before it
+    return dict(a.split("=", 1) for a, flag in pairs if flag == "--build-arg")
+
+
 @pytest.mark.parametrize("working", ["docker", "podman"])
 def test_make_image_builds_with_the_engine_that_works(tmp_path: Path, working: str) -> None:
     records = {
@@ -191,13 +219,51 @@ def test_make_image_builds_with_the_engine_that_works(tmp_path: Path, working: s
     }
     done = make_image(tmp_path)
     assert done.returncode == 0, done.stderr
-    version = re.search(r'^version = "(.+)"', (REPO / "pyproject.toml").read_text(), re.M)
-    assert version is not None
+    version = package_version()
     args = records[working].read_text().split()
-    assert args[0] == "build" and args[-3:] == [
+    assert args[0] == "build" and args[-1] == "."
+    # The base by digest, the tag beside it, resolved by the engine and said.
+    assert build_args(args) == {
+        "VERSION": version,
+        "SOURCE": build_args(args)["SOURCE"],
+        "PYTHON_IMAGE": f"python:3.11-slim-bookworm@{BASE_DIGEST}",
+        "BASE_DIGEST": BASE_DIGEST,
+    }
+    assert f"base: python:3.11-slim-bookworm@{BASE_DIGEST}" in done.stdout
+    if working == "podman":  # both architectures, as one manifest list
+        assert args[args.index("--platform") + 1] == "linux/amd64,linux/arm64"
+        assert args[-3:-1] == ["--manifest", f"trainjob-scheduling-webhook:{version}"]
+    else:  # docker without buildx: the host's architecture only, and it says so
+        assert "--platform" not in args
+        assert args[-3:-1] == ["-t", f"trainjob-scheduling-webhook:{version}"]
+        assert "building for this machine's architecture only" in done.stderr
+    assert not any(r.exists() for name, r in records.items() if name != working)
+
+
+def test_make_image_builds_both_architectures_with_buildx(tmp_path: Path) -> None:
+    record = fake_engine(tmp_path, "docker", works=True, buildx=True)
+    done = make_image(tmp_path, "BUILDX_FLAGS=--push")
+    assert done.returncode == 0, done.stderr
+    args = record.read_text().split()
+    assert args[:2] == ["buildx", "build"]
+    assert args[args.index("--platform") + 1] == "linux/amd64,linux/arm64"
+    assert "--push" in args and args[-3:] == [
         "-t",
-        f"trainjob-scheduling-webhook:{version[1]}",
+        f"trainjob-scheduling-webhook:{package_version()}",
         ".",
     ]
-    assert f"VERSION={version[1]}" in args
-    assert not any(r.exists() for name, r in records.items() if name != working)
+
+
+def test_make_image_builds_on_a_given_digest_without_resolving(tmp_path: Path) -> None:
+    record = fake_engine(tmp_path, "docker", works=True)
+    given = "sha256:" + "cd" * 32
+    done = make_image(tmp_path, f"BASE_DIGEST={given}")
+    assert done.returncode == 0, done.stderr
+    assert build_args(record.read_text().split())["PYTHON_IMAGE"].endswith(f"@{given}")
+
+
+def test_make_image_refuses_a_base_it_cannot_resolve(tmp_path: Path) -> None:
+    record = fake_engine(tmp_path, "docker", works=True)
+    done = make_image(tmp_path, "BASE_DIGEST=latest")
+    assert done.returncode != 0 and "cannot resolve" in done.stderr
+    assert not record.exists()

@@ -33,6 +33,20 @@ class UsageError(Exception):
     pass
 
 
+DISTRIBUTION = "trainjob-scheduling-webhook"
+
+
+def package_version() -> str:
+    """The installed package's version: pyproject.toml's, the one version source (the chart's
+    version and appVersion and the image's version label are stamped from it too)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(DISTRIBUTION)
+    except PackageNotFoundError:  # sources on the path without an install
+        return "unknown"
+
+
 def _load(paths: Sequence[str]) -> list[dict[str, Any]]:
     docs: list[dict[str, Any]] = []
     for path in paths:
@@ -228,6 +242,7 @@ def build_parser(
         prog=prog,
         description="Workload-aware scheduling for Kubeflow TrainJobs.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     plan = commands.add_parser(
         "plan",
@@ -264,6 +279,7 @@ def build_parser(
         "could ever fit on them, per domain of its topology key",
     )
     _add_explain(commands)
+    _add_uninstall(commands)
     _add_serve(commands, config or {})
     _add_certs(commands)
     samples = commands.add_parser(
@@ -317,6 +333,67 @@ def explain_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         return EXIT_INVALID
     out.write(json.dumps(report, indent=2) + "\n" if args.output == "json" else render(report))
     return 0
+
+
+def _add_uninstall(commands: Any) -> None:
+    uninstall = commands.add_parser(
+        "uninstall",
+        help="remove the service's condition and annotation from TrainJobs (after helm uninstall)",
+        description="Remove what the service wrote on TrainJobs: the GangScheduling status "
+        "condition and the trainjob-scheduling.dev/runtime-snapshot annotation. Run it after "
+        "`helm uninstall` (a running service writes them back). Workloads and PodGroups are "
+        "left alone: running gangs stay as they are, and each goes with its TrainJob (owner "
+        "references).",
+    )
+    where = uninstall.add_mutually_exclusive_group()
+    where.add_argument("-n", "--namespace", help="only this namespace's TrainJobs")
+    where.add_argument(
+        "-A", "--all-namespaces", action="store_true", help="every namespace's (the default)"
+    )
+    uninstall.add_argument(
+        "--dry-run", action="store_true", help="only list what would be removed, change nothing"
+    )
+    uninstall.add_argument("--kubeconfig", help="default: $KUBECONFIG, else ~/.kube/config")
+    uninstall.add_argument("--context", help="a kubeconfig context (default: the current one)")
+
+
+def uninstall_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from .explain.gather import ExplainError, connect
+    from .kube.uninstall import Summary, clean_up, service_present
+
+    async def uninstall() -> tuple[Summary, bool]:
+        cluster = await connect(args.kubeconfig, args.context)
+        try:
+            present = await service_present(cluster.api)
+            done = await clean_up(cluster.api, args.namespace, dry_run=args.dry_run)
+        finally:
+            close: Any = cluster.api.close  # untyped in the client
+            await close()
+        return done, present
+
+    try:
+        summary, present = asyncio.run(uninstall())
+    except ExplainError as exc:
+        print(f"error: {exc}", file=err)
+        return EXIT_INVALID
+    if present:
+        print(
+            "Warning: the service's webhook configuration is still installed: a running "
+            "service writes the condition and annotation back (helm uninstall first)",
+            file=err,
+        )
+    for cleaned in summary.cleaned:
+        print(cleaned.sentence(args.dry_run), file=err if cleaned.error else out)
+    verb = "would be cleaned" if args.dry_run else "cleaned"
+    done = len(summary.cleaned) - len(summary.failed)
+    if summary.examined or not summary.stopped:  # no count when not one TrainJob was read
+        print(
+            f"{summary.examined} TrainJobs examined, {done} {verb}, {len(summary.failed)} failed",
+            file=out,
+        )
+    if summary.stopped:  # 403, no such resource, no connection: said last, after what was done
+        print(f"error: cannot list TrainJobs: {summary.stopped}", file=err)
+    return EXIT_INVALID if summary.failed or summary.stopped else 0
 
 
 def _samples() -> dict[str, Traversable]:
@@ -726,6 +803,8 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
             )
         if args.command == "explain":
             return explain_command(args, sys.stdout, sys.stderr)
+        if args.command == "uninstall":
+            return uninstall_command(args, sys.stdout, sys.stderr)
         if args.command == "serve":
             return serve_command(args)
         if args.command == "certs":
