@@ -22,6 +22,7 @@ from typing import Any
 
 import httpx
 import jsonpatch
+import kmock
 import orjson
 import pytest
 
@@ -38,6 +39,7 @@ from tests.kube_emulator import (
     emulator,
     eventually,
     patch,
+    status,
 )
 from tests.test_reconciler import NAME, NS, cluster_runtime, events, stored
 from tests.test_status import NUM_NODES, Service, small_trainjob
@@ -453,3 +455,32 @@ async def test_drift_on_an_immutable_field_of_a_running_gang_is_said_not_torn_do
             ][0].get("schedulingConstraints")
 
         await eventually(as_planned, "the Workload made again as planned")
+
+
+# --- a namespace being deleted -------------------------------------------------------------------
+
+
+async def test_a_namespace_being_deleted_ends_the_pass_quietly(tmp_path: Path) -> None:
+    """The NamespaceLifecycle plugin refuses creates in a namespace being deleted: no Event, no
+    condition of a refusal, no retry loop (its TrainJob goes with the namespace)."""
+    async with cluster(tmp_path) as (s, _):
+        message = (
+            f'podgroups.scheduling.k8s.io "x" is forbidden: unable to create new content in '
+            f"namespace {NS} because it is being terminated"
+        )
+        details = {"causes": [{"reason": "NamespaceTerminating", "message": message}]}
+        refusals = s.k[kmock.method.POST, POD_GROUPS]
+        refusals << status(403, message, "Forbidden", details)
+        await create(s.k, CLUSTER_RUNTIMES, cluster_runtime())
+        await create(s.k, TRAINJOBS, small_trainjob())
+        await eventually(lambda: len(s.k[kmock.method.POST, POD_GROUPS]) >= 1, "a create tried")
+        # Passes that other changes wake (its Workload's ADDED event, its condition) try again;
+        # none asks to: once they are over, nothing more is tried.
+        counts = [len(s.k[kmock.method.POST, POD_GROUPS])]
+        for _ in range(6):
+            await asyncio.sleep(1.5)  # past a retry loop's first waits (here 0.05 s, 0.2 s)
+            counts.append(len(s.k[kmock.method.POST, POD_GROUPS]))
+            if counts[-1] == counts[-2]:
+                break
+        assert counts[-1] == counts[-2] and counts[-1] <= 4, counts
+        assert not events(s.k, "Refused")
