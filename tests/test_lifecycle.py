@@ -16,6 +16,7 @@ import base64
 import contextlib
 import copy
 import ssl
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -484,3 +485,28 @@ async def test_a_namespace_being_deleted_ends_the_pass_quietly(tmp_path: Path) -
                 break
         assert counts[-1] == counts[-2] and counts[-1] <= 4, counts
         assert not events(s.k, "Refused")
+
+
+# --- a runtime that gains spec.scheduling while its TrainJob runs ---------------------------------
+
+
+async def test_a_trainjob_that_started_without_a_gang_never_gets_one_mid_flight(
+    tmp_path: Path,
+) -> None:
+    async with cluster(tmp_path) as (s, jobs):
+        plain = cluster_runtime()
+        scheduling = plain["spec"].pop("scheduling")
+        await create(s.k, CLUSTER_RUNTIMES, plain)
+        await create(s.k, TRAINJOBS, small_trainjob())
+        pods = await jobs.gang()  # no spec.scheduling: default scheduling, nothing held
+        assert [group_of(p) for p in pods] == [None] * NUM_NODES
+        s.reconciler.wall = lambda: time.time() + 3600  # long past an earlier TrainJob's pods
+        await patch(
+            s.k, CLUSTER_RUNTIMES, None, "torch-distributed", {"spec": {"scheduling": scheduling}}
+        )
+        await eventually(lambda: events(s.k, "MixedSchedulingGroup"), "frozen without a gang")
+        tj = stored(s.k, TRAINJOBS, NAME) or {}
+        assert orjson.loads(tj["metadata"]["annotations"][SNAPSHOT_ANNOTATION])["runtime"] is None
+        replacement = await jobs.create_pod(0)  # a pod of the running TrainJob, later
+        assert replacement is not None and group_of(replacement) is None
+        assert not [o for (r, _, _), o in list(s.k.objects.items()) if r in (WORKLOADS, POD_GROUPS)]

@@ -413,12 +413,14 @@ class Reconciler:
         self, key: Key, raw: JsonObject, trainjob: TrainJob, untied: int, changes: Changes
     ) -> Result:
         assert trainjob.metadata.uid is not None
+        text = snapshot(None)
         try:
-            await self.writer.snapshot_runtime(*key, trainjob.metadata.uid, snapshot(None))
+            await self.writer.snapshot_runtime(*key, trainjob.metadata.uid, text)
         except ApiException as err:
             if err.status in (404, 409, 422):  # gone, or another TrainJob now has the name
                 return WAIT
             raise
+        self._snapshots[key] = (trainjob.metadata.uid, self.clock(), text)
         note = (
             f"{untied} of its pods already run without a group: it keeps running without a "
             "gang (a gang now would hold its next pods for ever)"
