@@ -33,7 +33,7 @@ from webhook.kube.cache import Cache
 from webhook.kube.client import backend_informers, informers, pod_informers
 from webhook.kube.events import EventRecorder
 from webhook.kube.gangpods import GangPods
-from webhook.kube.writer import ApiWriter, TokenBucket, WriterSettings, WriteLanes
+from webhook.kube.writer import ApiWriter, TokenBucket, WriteLanes, WriterSettings
 from webhook.reconcile.reconciler import CONTROLLER, Reconciler, ReconcilerSettings
 from webhook.reconcile.status import StatusWriter
 
