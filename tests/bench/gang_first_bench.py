@@ -2,7 +2,7 @@
 PodGroup, with the GangScheduling condition writer on and off, and the order of the writes.
 
 Run with `make bench` or `python -m tests.bench.gang_first_bench [--rounds 5] [--sizes 30,300]
-[--budgets 50/100] [--workers 4]`. Numbers, not pass/fail (exit 0 unless a round broke).
+[--budgets 20/30,100/200] [--workers 4]`. Numbers, not pass/fail (exit 0 unless a round broke).
 
 Each round is a fresh API emulator (`reconcile_bench.FastEmulator`, over HTTP, in this process)
 with one ClusterTrainingRuntime (one gang of every pod) and the service's reconciler as `serve`
@@ -30,6 +30,7 @@ import argparse
 import asyncio
 import dataclasses
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -200,6 +201,12 @@ def gang_first(order: list[str]) -> bool:
     return first_condition is None or last_gang < first_condition
 
 
+def progress(r: Round) -> None:
+    mode = "on" if r.status else "off"
+    print(f"  N={r.n} gang {r.budget[0]:g}/{r.budget[1]} status {mode}: "
+          f"p99 {percentile(r.latencies, 99):.3f} s", file=sys.stderr, flush=True)  # fmt: skip
+
+
 def report(rounds: list[Round]) -> None:
     print(f"{'N':>5} {'gang qps/burst':>14} {'status':>6} {'rounds':>6} {'p50 s':>7} "
           f"{'p99 s':>7} {'max s':>7} {'rounds p99 s':>22} {'gang first':>10}")  # fmt: skip
@@ -234,10 +241,12 @@ async def main(args: argparse.Namespace) -> None:
         for i in range(repeat):
             for on in (True, False) if i % 2 == 0 else (False, True):  # alternate who goes first
                 rounds.append(await one_round(n, on, settings, args.workers))
+                progress(rounds[-1])
         for qps, burst in args.budgets:
             other = dataclasses.replace(defaults, gang_qps=qps, gang_burst=burst)
             for _ in range(repeat):
                 rounds.append(await one_round(n, True, other, args.workers))
+                progress(rounds[-1])
     print(f"TrainJob -> PodGroup, N TrainJobs at once; reporting budget {defaults.qps:g}/"
           f"{defaults.burst}, default gang budget {defaults.gang_qps:g}/{defaults.gang_burst}, "
           f"{args.workers} workers\n")  # fmt: skip
@@ -247,7 +256,7 @@ async def main(args: argparse.Namespace) -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="30,300", help="comma-separated N")
-    parser.add_argument("--rounds", type=int, default=5, help="rounds each way for N <= 30")
+    parser.add_argument("--rounds", type=int, default=10, help="rounds each way for N <= 30")
     parser.add_argument("--budgets", default="", help="other gang budgets: qps/burst,...")
     parser.add_argument("--workers", type=int, default=ReconcilerSettings().workers)
     args = parser.parse_args(argv)
