@@ -445,10 +445,10 @@ _SERVE_OPTIONS: list[tuple[str, str, Any, str, str]] = [
     ("--qps", "QPS", _positive(float), "20",
      "the reconciler's reporting writes (conditions, Events) per second"),
     ("--burst", "BURST", _positive(int), "30", "reporting writes allowed at once above --qps"),
-    ("--gang-qps", "GANG_QPS", _positive(float), "50",
+    ("--gang-qps", "GANG_QPS", _positive(float), "100",
      "the reconciler's gang writes (Workloads, PodGroups, runtime snapshots) per second; "
      "they go before the reporting writes"),
-    ("--gang-burst", "GANG_BURST", _positive(int), "100",
+    ("--gang-burst", "GANG_BURST", _positive(int), "200",
      "gang writes allowed at once above --gang-qps"),
     ("--leader-elect", "LEADER_ELECT", _bool, "true",
      "reconcile only while holding the Lease (false: a single replica)"),

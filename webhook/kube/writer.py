@@ -125,8 +125,8 @@ class WriteLanes:
 class WriterSettings:
     qps: float = 20.0  # reporting writes: conditions and Events
     burst: int = 30
-    gang_qps: float = 50.0  # gang objects and the runtime snapshot
-    gang_burst: int = 100
+    gang_qps: float = 100.0  # gang objects and the runtime snapshot
+    gang_burst: int = 200
     timeout: float = 10.0
 
     def lanes(self) -> WriteLanes:

@@ -64,8 +64,8 @@ class ReconcileSettings:
     # that report (conditions, Events), and those that make gangs, which go first.
     qps: float = 20.0
     burst: int = 30
-    gang_qps: float = 50.0
-    gang_burst: int = 100
+    gang_qps: float = 100.0
+    gang_burst: int = 200
     discovery_period: float = 60.0
     resync_period: float = 600.0
     leader_elect: bool = True
