@@ -108,7 +108,7 @@ class StatusWriter:
         self.monotonic = monotonic
         self.sleep = sleep
         self.pending: dict[Key, Pending] = {}  # conditions to write, oldest first
-        self._writing: set[Key] = set()  # those under way
+        self._writing: dict[Key, Pending] = {}  # those under way (or waiting to be tried again)
         self._more = asyncio.Event()  # a condition to write, or a key free to be written again
         self._written: dict[Key, tuple[str, float]] = {}  # resourceVersion written over, when
         self._last_write: dict[Key, float] = {}  # monotonic time of the last write
@@ -169,21 +169,20 @@ class StatusWriter:
             again = True  # kept, if cancelled part way
             try:
                 again = await self._write(key, waiting)
+                if again:  # the key stays taken while it waits: no other sender retries it now
+                    waiting.tries += 1
+                    await self.sleep(min(RETRY_AFTER * 2 ** (waiting.tries - 1), RETRY_AT_MOST))
             finally:
-                self._writing.discard(key)
+                del self._writing[key]
                 if self.pending.get(key) is waiting and not again:
                     del self.pending[key]
                 self._more.set()  # a newer condition for the key may wait for this one
-            if again:
-                # Every failure waits (the API server down: every sender backs off).
-                waiting.tries += 1
-                await self.sleep(min(RETRY_AFTER * 2 ** (waiting.tries - 1), RETRY_AT_MOST))
 
     async def _next(self) -> tuple[Key, Pending]:
         while True:
             for key, waiting in self.pending.items():
                 if key not in self._writing:
-                    self._writing.add(key)
+                    self._writing[key] = waiting
                     return key, waiting
             self._more.clear()
             await self._more.wait()
@@ -213,9 +212,10 @@ class StatusWriter:
         return False
 
     def _drop(self, key: Key) -> None:
-        """No write for the key, unless one is under way (it finishes)."""
-        if key not in self._writing:
-            self.pending.pop(key, None)
+        """No write for the key, but the one under way (it finishes)."""
+        waiting = self.pending.get(key)
+        if waiting is not None and self._writing.get(key) is not waiting:
+            del self.pending[key]
 
     def _pods_wait(
         self, key: Key, stored: Mapping[str, Any] | None, outcome: Outcome
