@@ -275,7 +275,8 @@ def _parses(args: list[str], where: str) -> None:
 # Flags of other programs the docs name in passing: kubectl, helm, kube-apiserver, mkdocs and
 # the benchmarks (tests/bench/*.py, which take their own).
 OTHER_PROGRAMS_FLAGS = {"--api-group", "--for", "--help", "--no-hooks", "--runtime-config",
-                        "--strict", "--profile", "--sizes", "--snapshotted"}  # fmt: skip
+                        "--strict", "--profile", "--sizes", "--snapshotted",
+                        "--budgets"}  # fmt: skip
 
 
 def test_every_flag_the_prose_names_exists() -> None:
