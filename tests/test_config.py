@@ -23,6 +23,7 @@ def test_defaults_are_the_documented_ones(monkeypatch: pytest.MonkeyPatch) -> No
     assert args.metrics_auth is True and args.reconcile is True and args.leader_elect is True
     assert (args.lease_duration, args.renew_deadline, args.retry_period) == (15.0, 10.0, 2.0)
     assert (args.workers, args.qps, args.burst) == (4, 20.0, 30)
+    assert (args.gang_qps, args.gang_burst) == (100.0, 200)
     assert args.watch_namespaces == () and args.namespace == ""
     assert (args.metrics_token_ttl, args.metrics_allow_ttl, args.metrics_deny_ttl) == (60, 300, 30)
     assert (args.connection_max_requests, args.connection_max_age) == (1000, 30.0)

@@ -276,6 +276,7 @@ def _parses(args: list[str], where: str) -> None:
 # the benchmarks (tests/bench/*.py, which take their own).
 OTHER_PROGRAMS_FLAGS = {"--api-group", "--for", "--help", "--no-hooks", "--runtime-config",
                         "--strict", "--profile", "--sizes", "--snapshotted",
+                        "--budgets",
                         # pip's and uv's (the lock file), kubectl's, buildx's, krew's
                         "--generate-hashes", "--require-hashes", "--only-binary", "--no-deps",
                         "--field-selector", "--push", "--manifest"}  # fmt: skip

@@ -20,8 +20,9 @@ Every size runs in two fresh processes, so that no peak carries over from one si
 - the reconciler process as `serve` builds it: cache, informers (TrainJobs, runtimes, Workloads,
   PodGroups), `cache.gang_api = "served"`, metrics with the gang tracker, `EventRecorder`,
   `ApiWriter` and `Reconciler` (`--workers`), under uvloop, logging JSON at INFO (production's
-  default) to a file. The writer's client-side limit is raised out of the way (qps 1e6); one more
-  run (`--limited-size`, N=100) keeps the default qps 20 / burst 30 to show that the limit holds.
+  default) to a file. The writer's client-side limits are raised out of the way (qps 1e6); one more
+  run (`--limited-size`, N=100) keeps the gang lane's default qps 100 / burst 200 (every write here
+  is a gang write: Workloads, PodGroups, snapshots) to show that the limit holds.
 
 With two or more CPUs the reconciler is pinned to CPU 0 and the emulator to CPU 1, so each
 process's CPU time and memory are its own. Measured in the reconciler process:
@@ -118,7 +119,8 @@ RECONCILER_CPU = 0
 EMULATOR_CPU = 1
 UNLIMITED_QPS = 1e6
 WRITES = ("create Workload", "create PodGroup", "snapshot TrainJob")  # N of each expected
-DEFAULT_QPS, DEFAULT_BURST = 20.0, 30  # WriterSettings' and `serve --qps/--burst` defaults
+# The gang lane's defaults: WriterSettings' and `serve --gang-qps/--gang-burst`.
+DEFAULT_QPS, DEFAULT_BURST = 100.0, 200
 
 
 # --- the emulator process ------------------------------------------------------------------------
@@ -572,7 +574,10 @@ async def _reconcile(cfg: Json) -> Json:
     events = EventRecorder(
         api, CONTROLLER, "bench", on_event=lambda reason: recorded.update([reason])
     )
-    writer = CountingWriter(api, WriterSettings(qps=cfg["qps"], burst=cfg["burst"]))
+    limits = {"qps": cfg["qps"], "burst": cfg["burst"]}
+    writer = CountingWriter(
+        api, WriterSettings(**limits, gang_qps=limits["qps"], gang_burst=limits["burst"])
+    )
     writer.counts, writer.latency = collections.Counter(), collections.defaultdict(float)
     cores: set[int] | None = set(cfg["cores"]) if cfg["cores"] else None
     profiling = Profiling(cfg["profile"])
@@ -1192,7 +1197,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--limited-size",
         type=int,
         default=100,
-        help="N for one more run at the writer's default qps 20 / burst 30 (0: none)",
+        help="N for one more run at the gang lane's default qps 100 / burst 200 (0: none)",
     )
     parser.add_argument("--log-level", default="info", help="the reconciler's log level")
     parser.add_argument(

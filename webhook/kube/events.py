@@ -2,7 +2,9 @@
 
 Events are best effort, as in client-go: `record` never waits for the API server; a bounded
 queue feeds one sender; the same event (object, reason, note) is posted once per `dedupe_for`
-seconds, so a TrainJob that keeps failing does not flood etcd.
+seconds, so a TrainJob that keeps failing does not flood etcd. With a `gate` (the writer's
+`WriteLanes.report_turn`), each post waits for it: Events report, so they go after the writes
+that make gangs and within the reporting budget.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -39,8 +41,10 @@ class EventRecorder:
         on_event: Callable[[str], None] | None = None,
         on_drop: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        gate: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.events = EventsV1Api(api) if api is not None else None
+        self.gate = gate
         self.controller = controller
         self.instance = instance
         self.dedupe_for = dedupe_for
@@ -102,6 +106,8 @@ class EventRecorder:
                 continue
             body: Any = event  # the client serialises a plain dict as it is
             try:
+                if self.gate is not None:
+                    await self.gate()
                 # The client's own timeout (not wait_for, which on Python 3.11 can swallow the
                 # cancellation that stops this loop).
                 # The created Event comes back; decoding it into the client's models would

@@ -134,6 +134,8 @@ class Reconciler:
         self.resync()
         tasks = [asyncio.create_task(self._worker(queue)) for _ in range(self.settings.workers)]
         tasks.append(asyncio.create_task(self._resync_periodically()))
+        if self.status is not None:  # its condition writes, off the workers' path (issue 29)
+            tasks.append(asyncio.create_task(self.status.run()))
         try:
             await asyncio.gather(*tasks)
         finally:

@@ -9,13 +9,19 @@ A gang that falls below its minCount after admission gets one Warning Event, a p
 degraded gauge and a count in the per-namespace counter. A TrainJob whose gang objects exist
 while some of its present pods have no `spec.schedulingGroup` (untied: the gang may wait for
 them for ever) is said `PodsUntied` and counted in the untied gauge.
+
+A pass decides the condition; `run`'s senders write it, off the workers' path and in the
+writer's reporting lane (after the gang writes, `kube/writer.py`): a worker goes on to the next
+TrainJob's gang instead of waiting to report on the last one. A condition decided again before
+it is written replaces the one waiting (one write, the latest); a failed write is tried again.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +51,19 @@ RECOUNT_AFTER = 10.0  # seconds between writes that only change a pod count (Deg
 COUNTED = (cond.DEGRADED, cond.PODS_UNTIED)  # reasons whose message carries a pod count
 PODS_UNLISTED_RETRY = 1.0  # seconds: a Degraded TrainJob's first wait for the pods to be listed
 PODS_UNLISTED_TRIES = 6  # its waits, each twice the last (a minute in all); then pods are unknown
+SENDERS = 4  # condition writes under way at once (the reporting budget paces them)
+RETRY_AFTER = 0.5  # seconds before a failed condition write is tried again, doubling to
+RETRY_AT_MOST = 30.0  # this
+
+
+@dataclass
+class Pending:
+    """A condition decided, waiting for (or under) its write."""
+
+    condition: dict[str, Any]
+    reason: str
+    resource_version: str | None  # the TrainJob's, when last decided
+    tries: int = 0
 
 
 @dataclass
@@ -82,6 +101,7 @@ class StatusWriter:
         metrics: Metrics | None = None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.cache = cache
         self.writer = writer
@@ -90,6 +110,10 @@ class StatusWriter:
         self.metrics = metrics
         self.clock = clock
         self.monotonic = monotonic
+        self.sleep = sleep
+        self.pending: dict[Key, Pending] = {}  # conditions to write, oldest first
+        self._writing: dict[Key, Pending] = {}  # those under way (or waiting to be tried again)
+        self._more = asyncio.Event()  # a condition to write, or a key free to be written again
         self._written: dict[Key, tuple[str, float]] = {}  # resourceVersion written over, when
         self._last_write: dict[Key, float] = {}  # monotonic time of the last write
         self.degraded: dict[Key, frozenset[str]] = {}  # TrainJob -> its degraded gangs
@@ -115,36 +139,90 @@ class StatusWriter:
         self._follow_degraded(key, raw, situation, desired, stored)
         self._follow_untied(key, desired)
         if desired is None or cond.unchanged(stored, desired):
+            if desired is not None:
+                self._drop(key)  # the stored one says it already
             return None
         wait = self._recount_wait(key, stored, desired)
         if wait is not None:
             return wait
         meta = raw.get("metadata") or {}
         rv = meta.get("resourceVersion")
+        rv = rv if isinstance(rv, str) else None
         written = self._written.get(key)
         if written is not None:
             if written[0] == rv and self.monotonic() - written[1] < EXPECTATION_TTL:
                 return None  # written: the watch has not brought it back yet (it wakes a pass)
             del self._written[key]
+        waiting = self.pending.get(key)
+        if waiting is not None and cond.unchanged(waiting.condition, desired):
+            waiting.resource_version = rv
+            return None  # already on its way
         generation = meta.get("generation")
         condition = cond.condition(
             desired, stored, generation if isinstance(generation, int) else None, now
         )
+        self.pending[key] = Pending(condition, desired.reason, rv)
+        self._more.set()
+        return None
+
+    async def run(self, senders: int = SENDERS) -> None:
+        """Writes the conditions decided until cancelled (the reconciler runs this while it
+        leads), `senders` at a time, one write at a time per TrainJob."""
+        await asyncio.gather(*(self._send() for _ in range(senders)))
+
+    async def _send(self) -> None:
+        while True:
+            key, waiting = await self._next()
+            again = True  # kept, if cancelled part way
+            try:
+                again = await self._write(key, waiting)
+                if again:  # the key stays taken while it waits: no other sender retries it now
+                    waiting.tries += 1
+                    await self.sleep(min(RETRY_AFTER * 2 ** (waiting.tries - 1), RETRY_AT_MOST))
+            finally:
+                del self._writing[key]
+                if self.pending.get(key) is waiting and not again:
+                    del self.pending[key]
+                self._more.set()  # a newer condition for the key may wait for this one
+
+    async def _next(self) -> tuple[Key, Pending]:
+        while True:
+            for key, waiting in self.pending.items():
+                if key not in self._writing:
+                    self._writing[key] = waiting
+                    return key, waiting
+            self._more.clear()
+            await self._more.wait()
+
+    async def _write(self, key: Key, waiting: Pending) -> bool:
+        """Applies the condition; whether to try again."""
         try:
-            await self.writer.apply_condition(*key, condition)
+            await self.writer.apply_condition(*key, waiting.condition)
+        except asyncio.CancelledError:
+            raise
         except ApiException as err:
             if err.status == 404:
-                return None  # deleted meanwhile
+                return False  # deleted meanwhile
             if err.status in (403, 422):
                 self._say_refused(key, err)
-                return None  # retried by the next pass it would change; not in a loop
-            raise
-        if isinstance(rv, str):
-            self._written[key] = (rv, self.monotonic())
+                return False  # retried by the next pass it would change; not in a loop
+            self._say_failed(key, f"HTTP {err.status}: {status_message(err) or ''}")
+            return True
+        except Exception as err:  # timeouts, dropped connections
+            self._say_failed(key, f"{type(err).__name__}: {err}")
+            return True
+        if waiting.resource_version is not None:
+            self._written[key] = (waiting.resource_version, self.monotonic())
         self._last_write[key] = self.monotonic()
         if self.metrics is not None:
-            self.metrics.status_writes.labels(reason=desired.reason).inc()
-        return None
+            self.metrics.status_writes.labels(reason=waiting.reason).inc()
+        return False
+
+    def _drop(self, key: Key) -> None:
+        """No write for the key, but the one under way (it finishes)."""
+        waiting = self.pending.get(key)
+        if waiting is not None and self._writing.get(key) is not waiting:
+            del self.pending[key]
 
     def _pods_wait(
         self, key: Key, stored: Mapping[str, Any] | None, outcome: Outcome
@@ -187,6 +265,7 @@ class StatusWriter:
         self._written.clear()
         self._last_write.clear()
         self._pods_waits.clear()
+        self.pending.clear()
         self.degraded.clear()
         self.untied.clear()
         self._publish()
@@ -197,6 +276,7 @@ class StatusWriter:
         self._last_write.pop(key, None)
         self._pods_waits.pop(key, None)
         self._follow_untied(key, None)
+        self._drop(key)
         if self.degraded.pop(key, None):
             self._publish()
 
@@ -299,6 +379,12 @@ class StatusWriter:
         if self.metrics is not None:
             self.metrics.gangs_degraded.set(sum(len(g) for g in self.degraded.values()))
             self.metrics.gangs_with_untied_pods.set(len(self.untied))
+
+    def _say_failed(self, key: Key, error: str) -> None:
+        log.warning(
+            "cannot write the GangScheduling condition, trying again",
+            extra={"fields": {"trainjob": "/".join(key), "error": error[:300]}},
+        )
 
     def _say_refused(self, key: Key, err: ApiException) -> None:
         status = int(err.status or 0)

@@ -61,8 +61,12 @@ class ReconcileSettings:
     enabled: bool = True
     namespaces: tuple[str, ...] = ()  # watched namespaces; empty: all
     workers: int = 4
-    qps: float = 20.0  # client-side limit on the reconciler's writes, as client-go's
+    # Client-side limits on the reconciler's writes (`kube/writer.py`), as client-go's: those
+    # that report (conditions, Events), and those that make gangs, which go first.
+    qps: float = 20.0
     burst: int = 30
+    gang_qps: float = 100.0
+    gang_burst: int = 200
     discovery_period: float = 60.0
     resync_period: float = 600.0
     leader_elect: bool = True
@@ -267,14 +271,18 @@ def background(
         jobs.append(node_informer(api, cache, restarted).run())
     reconciler: Reconciler | None = None
     if r.enabled:
+        writer = ApiWriter(
+            api,
+            WriterSettings(qps=r.qps, burst=r.burst, gang_qps=r.gang_qps, gang_burst=r.gang_burst),
+        )
         events = EventRecorder(
             api,
             CONTROLLER,
             me,
             on_event=lambda reason: metrics.events.labels(reason=reason).inc(),
             on_drop=metrics.events_dropped.inc,
+            gate=writer.lanes.report_turn,  # Events report: after the gang writes
         )
-        writer = ApiWriter(api, WriterSettings(qps=r.qps, burst=r.burst))
         pods = GangPods()  # gang health after admission: JobSet's pods, counted
         jobs += [i.run() for i in pod_informers(api, pods, r.namespaces, restarted)]
         reconciler = Reconciler(

@@ -93,6 +93,8 @@ matchExpressions:
 - --workers={{ $s.workers }}
 - --qps={{ $s.qps }}
 - --burst={{ $s.burst }}
+- --gang-qps={{ $s.gangQps }}
+- --gang-burst={{ $s.gangBurst }}
 - --leader-elect={{ $s.leaderElect }}
 - --lease-name={{ include "tjs.name" . }}
 - --lease-duration={{ $s.leaseDurationSeconds }}
