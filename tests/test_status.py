@@ -577,16 +577,28 @@ async def degraded_by_a_first_leader(k: VersionedEmulator, url: str) -> dict[str
     return degraded
 
 
+async def a_second_leader_keeps(k: VersionedEmulator, url: str, said: dict[str, Any]) -> Service:
+    """A second leader whose pod list fails twice: it leaves the condition `said` alone until
+    its pod watch has listed, and writes nothing then (the counts say the same); returns it,
+    for the caller to stop."""
+    lists = k[kmock.method.GET, PODS]
+    next_requests(lists, 2) << status(500)  # the new leader's pod list fails twice
+    second = Service(k, url, identity="second")
+    try:
+        await eventually(lambda: len(lists) >= 2, "the failed pod lists")
+        assert current(k) == said  # not said Scheduled meanwhile
+        await eventually(lambda: second.pods.synced, "the pods listed", timeout=15)
+    except BaseException:
+        await second.stop()
+        raise
+    return second
+
+
 async def test_a_new_leader_keeps_degraded_until_its_pod_watch_has_listed() -> None:
     async with emulator() as (k, url):
         degraded = await degraded_by_a_first_leader(k, url)
-        lists = k[kmock.method.GET, PODS]
-        next_requests(lists, 2) << status(500)  # the new leader's pod list fails twice
-        second = Service(k, url, identity="second")
+        second = await a_second_leader_keeps(k, url, degraded)
         try:
-            await eventually(lambda: len(lists) >= 2, "the failed pod lists")
-            assert current(k) == degraded  # not said Scheduled meanwhile
-            await eventually(lambda: second.pods.synced, "the pods listed", timeout=15)
             await asyncio.sleep(0.5)
             assert current(k) == degraded and second.writes() == 0
             assert len(events(k, "GangDegraded")) == 1
@@ -606,13 +618,8 @@ async def test_a_new_leader_keeps_pods_untied_until_its_pod_watch_has_listed() -
             untied = await condition_is(k, cond.PODS_UNTIED)
         finally:
             await first.stop()
-        lists = k[kmock.method.GET, PODS]
-        next_requests(lists, 2) << status(500)  # the new leader's pod list fails twice
-        second = Service(k, url, identity="second")
+        second = await a_second_leader_keeps(k, url, untied)
         try:
-            await eventually(lambda: len(lists) >= 2, "the failed pod lists")
-            assert current(k) == untied  # not said Scheduled meanwhile
-            await eventually(lambda: second.pods.synced, "the pods listed", timeout=15)
             await eventually(
                 lambda: second.sample("trainjob_scheduling_gangs_with_untied_pods") == 1,
                 "the new leader's gauge",
