@@ -28,10 +28,12 @@ from tests.chart import BASE, CHART, NAMESPACE, RELEASE, Json, Rendered, lint, r
 from tests.chart import render_error as refused
 from tests.harness import fixture, fixture_cache, fixture_names
 from tests.paths import SAMPLES, SHARED
+from webhook.admission.handlers import validate_trainjob_review
 from webhook.admission.review import parse
 from webhook.admission.routes import WEBHOOKS
 from webhook.backends.registry import all_backends, default_backends
 from webhook.cli import _SERVE_OPTIONS, build_parser
+from webhook.core.snapshot import SNAPSHOT_ANNOTATION as SNAP
 from webhook.kube.cache import Cache
 from webhook.metrics.feasibility import FeasibilityCollector
 from webhook.metrics.gangs import GangTracker
@@ -536,6 +538,60 @@ def test_selectors_and_match_conditions_never_skip_a_review_the_service_changes(
         sent["request"]["userInfo"]["username"] = "someone"
         obj["metadata"]["ownerReferences"] = [{**trainjob, "kind": "JobSet"}]  # someone else's
         assert not _match_conditions_hold(hooks[path][1], sent)
+
+
+TRAINJOB_PATH = "/validate-trainer-kubeflow-org-v1alpha1-trainjob"
+
+
+def _trainjob_update(change: Any) -> Json:
+    """The captured suspend flip, with `change(object, oldObject)` applied to it."""
+    review = fixture("trainjob-update-suspend.validate.json")
+    change(review["request"]["object"], review["request"]["oldObject"])
+    return review
+
+
+def _set(obj: Json, key: str, value: str | None) -> Json:
+    annotations = obj["metadata"].setdefault("annotations", {})
+    if value is None:
+        annotations.pop(key, None)
+    else:
+        annotations[key] = value
+    return obj
+
+
+def test_trainjob_updates_that_only_flip_suspend_skip_the_service_but_no_snapshot_write_does(
+    default: Rendered,
+) -> None:
+    """Kueue's suspend and resume never wait on the service; the runtime snapshot's tamper
+    check (and every other judged change) is never skipped, even alongside a suspend flip."""
+    _, hook = _hooks(default)[TRAINJOB_PATH]
+    ((condition,),) = [hook["matchConditions"]]
+    assert condition["name"] == "not-only-suspend"
+    assert not _match_conditions_hold(hook, fixture("trainjob-update-suspend.validate.json"))
+    assert not _match_conditions_hold(hook, _trainjob_update(lambda new, old: None))  # no-op
+    assert _match_conditions_hold(hook, fixture("trainjob-create.validate.json"))
+    cache = fixture_cache()
+    cache.service_username = SELF
+    called: list[Any] = [
+        lambda new, old: _set(new, SNAP, "{}"),  # a tenant adds a snapshot
+        lambda new, old: (_set(old, SNAP, "{}"), _set(new, SNAP, '{"spec":{}}')),  # edits it
+        lambda new, old: _set(old, SNAP, "{}"),  # removes it
+        lambda new, old: _set(new, "team/note", "x"),  # any other annotation
+        lambda new, old: new["metadata"].__setitem__("labels", {"kueue.x-k8s.io/queue-name": "q"}),
+        lambda new, old: new["spec"]["trainer"].__setitem__("numNodes", 3),
+        lambda new, old: new["spec"].__setitem__("podTemplateOverrides", []),  # a key added
+        lambda new, old: old["spec"].__setitem__("initializer", {}),  # a key removed
+    ]
+    for i, change in enumerate(called):
+        review = _trainjob_update(change)
+        assert _match_conditions_hold(hook, review), i
+    for i in range(3):  # and the snapshot writes are denied once there
+        decision = validate(_trainjob_update(called[i]), cache)
+        assert not decision.allowed and decision.code == 403, (i, decision)
+
+
+def validate(review: Json, cache: Cache) -> Any:
+    return validate_trainjob_review(parse(json.dumps(review).encode()), cache)
 
 
 def _three_way(original: Any, modified: Any, current: Any) -> Any:

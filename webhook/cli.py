@@ -437,6 +437,10 @@ _SERVE_OPTIONS: list[tuple[str, str, Any, str, str]] = [
      "else $KUBECONFIG, else no cluster)"),
     ("--namespace", "NAMESPACE", str, "", "the service's namespace, where its Lease lives "
      "(default: the pod's, else default)"),
+    ("--service-account", "SERVICE_ACCOUNT", str, "",
+     "the username the service's API requests carry (system:serviceaccount:<namespace>:<name>): "
+     "the only requester allowed to write a TrainJob's runtime snapshot (default: the pod's "
+     "ServiceAccount, read from its token; outside a pod: no one)"),
     ("--watch-namespaces", "WATCH_NAMESPACES", _names, "",
      "comma-separated namespaces whose TrainJobs are served (default: all)"),
     ("--reconcile", "RECONCILE", _bool, "true",
@@ -637,6 +641,7 @@ def serve_command(args: argparse.Namespace) -> int:
         cert_dir=pathlib.Path(args.cert_dir),
         kubeconfig=args.kubeconfig or None,
         namespace=args.namespace,
+        service_account=args.service_account,
         reconcile=reconcile,
         cert_poll_seconds=args.cert_poll_seconds,
         shutdown_timeout=args.shutdown_timeout,

@@ -76,6 +76,9 @@ class Cache:
         # Fed by the Node watch; not needed for readiness (feasibility waits for it quietly).
         self.feasibility = Feasibility()
         self.nodes = self.feasibility.summary
+        # The username the service's own API requests carry (`--service-account`): the only
+        # requester whose writes of a TrainJob's runtime snapshot are allowed; empty: no one's.
+        self.service_username = ""
         if not connected:
             for store in (*self.stores, *self.gang_stores.values()):
                 store.synced = True

@@ -26,6 +26,18 @@ characters, so <name>-metrics-reader and the like stay within 63. */}}
 {{- default (include "tjs.name" .) .Values.serviceAccount.name -}}
 {{- end -}}
 
+{{/* The username the API server gives the service's requests: the only writer of snapshots. */}}
+{{- define "tjs.serviceAccountUsername" -}}
+{{- printf "system:serviceaccount:%s:%s" .Release.Namespace (include "tjs.serviceAccountName" .) -}}
+{{- end -}}
+
+{{/* CEL: true (call the TrainJob webhook) unless the request is an UPDATE whose only change
+is spec.suspend. Metadata other than labels and annotations (resourceVersion, managedFields,
+finalizers) is not compared: the webhook judges none of it. */}}
+{{- define "tjs.notOnlySuspend" -}}
+request.operation != 'UPDATE' || !has(object.spec) || !has(oldObject.spec) || (has(object.metadata.annotations) ? object.metadata.annotations : {}) != (has(oldObject.metadata.annotations) ? oldObject.metadata.annotations : {}) || (has(object.metadata.labels) ? object.metadata.labels : {}) != (has(oldObject.metadata.labels) ? oldObject.metadata.labels : {}) || object.spec.exists(k, k != 'suspend' && (!(k in oldObject.spec) || object.spec[k] != oldObject.spec[k])) || oldObject.spec.exists(k, k != 'suspend' && !(k in object.spec))
+{{- end -}}
+
 {{- define "tjs.chartLabel" -}}
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
@@ -84,6 +96,7 @@ matchExpressions:
 {{- define "tjs.args" -}}
 {{- $s := .Values.serve -}}
 - --namespace={{ .Release.Namespace }}
+- --service-account={{ include "tjs.serviceAccountUsername" . }}
 - --port={{ .Values.ports.webhook }}
 - --metrics-port={{ .Values.ports.metrics }}
 - --health-port={{ .Values.ports.health }}
