@@ -340,7 +340,8 @@ def webhooks_page() -> str:
 # (apiGroup, resource) -> why the service needs it. The chart is the truth about the verbs.
 RBAC_WHY = {
     ("trainer.kubeflow.org", "trainjobs"): "the webhooks' cache (list + watch); `patch`: the "
-    "runtime snapshot annotation",
+    "runtime snapshot annotation, which only this ServiceAccount may write (the TrainJob webhook "
+    "denies anyone else's; [why](../concepts/tenancy.md))",
     ("trainer.kubeflow.org", "trainingruntimes"): "the webhooks' cache",
     ("trainer.kubeflow.org", "clustertrainingruntimes"): "the webhooks' cache",
     ("trainer.kubeflow.org", "trainjobs/finalizers"): "`blockOwnerDeletion` on the gang "
@@ -616,7 +617,8 @@ KEYS: list[tuple[str, str, str, str, str, str]] = [
      "Volcano, KAI and Coscheduling PodGroups", "written", "the plan's policy, `gang` or "
      "`basic`"),
     ("webhook.core.snapshot", "SNAPSHOT_ANNOTATION", "annotation", "TrainJob", "written",
-     "what the planner reads of the runtime, frozen at the first pass (about 1 KB)"),
+     "what the planner reads of the runtime, frozen at the first pass (about 1 KB); only the "
+     "service may set, change or remove it ([Tenancy](../concepts/tenancy.md))"),
     ("webhook.kube.feasibility", "MODE_ANNOTATION", "annotation",
      "(Cluster)TrainingRuntime", "read", "`warn`, `deny` or `off`: feasibility for its "
      "TrainJobs (wins over `--feasibility`)"),
