@@ -964,6 +964,153 @@ def test_the_network_policy_opens_the_two_ports() -> None:
     assert any(_selected(p.get("podSelector", {}).get("matchLabels", {}), test_pod) for p in peers)
 
 
+def test_the_network_policy_is_on_by_default(default: Rendered) -> None:
+    policy = default.one("NetworkPolicy")
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    ports = [p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]]
+    assert ports == ["webhook", "metrics"]  # nothing else reaches the pods (probes always do)
+    assert not render({"networkPolicy": {"enabled": False}}).kinds("NetworkPolicy")
+
+
+def test_the_pods_are_system_cluster_critical_with_a_quota_admitting_them(
+    default: Rendered,
+) -> None:
+    spec = default.deployment["spec"]["template"]["spec"]
+    assert spec["priorityClassName"] == "system-cluster-critical"
+    quota = default.one("ResourceQuota")
+    assert quota["metadata"]["namespace"] == NAMESPACE
+    assert quota["spec"]["scopeSelector"]["matchExpressions"] == [
+        {"scopeName": "PriorityClass", "operator": "In", "values": ["system-cluster-critical"]}
+    ]
+    assert int(quota["spec"]["hard"]["pods"]) > default.deployment["spec"]["replicas"] * 2
+    plain = render({"priorityClassName": ""})
+    assert "priorityClassName" not in plain.deployment["spec"]["template"]["spec"]
+    assert not plain.kinds("ResourceQuota")
+    own = render({"priorityClassName": "platform-high"})
+    assert own.deployment["spec"]["template"]["spec"]["priorityClassName"] == "platform-high"
+    assert not own.kinds("ResourceQuota")  # only system-* classes are limited that way
+
+
+def _namespace_selected(selector: Json, namespace: str, labels: Json | None = None) -> bool:
+    """A label selector on a namespace, as the API server matches it (its name is the label
+    kubernetes.io/metadata.name)."""
+    have = {"kubernetes.io/metadata.name": namespace, **(labels or {})}
+    if any(have.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for e in selector.get("matchExpressions") or []:
+        key, op, values = e["key"], e["operator"], e.get("values") or []
+        ok = {
+            "In": key in have and have[key] in values,
+            "NotIn": key not in have or have[key] not in values,
+            "Exists": key in have,
+            "DoesNotExist": key not in have,
+        }[op]
+        if not ok:
+            return False
+    return True
+
+
+def _pod_reaches(r: Rendered, namespace: str, ns_labels: Json | None, pod_labels: Json) -> bool:
+    _, hook = _hooks(r)["/mutate--v1-pod"]
+    review = fixture("pod-create-by-job-controller.mutate.json")
+    review["request"]["namespace"] = namespace
+    review["request"]["object"]["metadata"]["labels"] = pod_labels
+    return (
+        _namespace_selected(hook["namespaceSelector"], namespace, ns_labels)
+        and _object_selected(hook, review)
+        and _match_conditions_hold(hook, review)
+    )
+
+
+def test_a_pod_outside_the_watched_namespaces_or_not_a_jobsets_never_reaches_the_webhook(
+    default: Rendered,
+) -> None:
+    """Trainer v2 puts no label of its own on pods (its trainjob-ancestor-step label sits on the
+    Job template, not the pod template); JobSet labels every pod of a TrainJob's JobSet, so
+    `jobset.sigs.k8s.io/jobset-name` is the narrowest label a TrainJob's pod is sure to carry."""
+    jobset_pod = fixture("pod-create-by-job-controller.mutate.json")["request"]["object"]
+    labels = jobset_pod["metadata"]["labels"]
+    assert labels["jobset.sigs.k8s.io/jobset-name"] == "my-job"
+    plain = {"app": "web"}
+    # Default: every namespace but kube-system and the release's.
+    assert _pod_reaches(default, "team-a", None, labels)
+    assert not _pod_reaches(default, "team-a", None, plain)
+    assert not _pod_reaches(default, "kube-system", None, labels)
+    assert not _pod_reaches(default, NAMESPACE, None, labels)
+    # Watched namespaces: only those.
+    watched = render({"serve": {"watchNamespaces": ["team-a", NAMESPACE]}})
+    assert _pod_reaches(watched, "team-a", None, labels)
+    assert not _pod_reaches(watched, "team-b", None, labels)
+    assert not _pod_reaches(watched, NAMESPACE, None, labels)  # never the service's own
+    assert not _pod_reaches(watched, "team-a", None, plain)
+    # Label mode: only labelled namespaces (and still only watched ones, when listed).
+    mark = {"key": "trainjob-scheduling.dev/enabled", "value": "true"}
+    labelled = render({"webhooks": {"namespaceLabel": mark}})
+    on = {"trainjob-scheduling.dev/enabled": "true"}
+    assert _pod_reaches(labelled, "team-b", on, labels)
+    assert not _pod_reaches(labelled, "team-b", None, labels)
+    assert not _pod_reaches(labelled, "team-b", {"trainjob-scheduling.dev/enabled": "no"}, labels)
+    # Every namespaced webhook gets the same namespaceSelector.
+    for r in (default, watched, labelled):
+        selectors = [
+            hook["namespaceSelector"]
+            for _, hook in _hooks(r).values()
+            if hook["rules"][0]["scope"] == "Namespaced"
+        ]
+        assert len(selectors) == 6 and all(s == selectors[0] for s in selectors)
+
+
+# What the API server does with each captured request while no replica answers, with the
+# chart's defaults: "refused" (called, failurePolicy Fail) or "admitted" (never sent). The table
+# in docs/tasks/install.md#blast-radius says the same per object kind.
+WHILE_DOWN = {
+    "pod-create-by-job-controller": "refused",  # a TrainJob's pod: retried by the Job controller
+    "pod-create-with-schedulinggroup": "admitted",  # already in a group
+    "trainjob-create": "refused",
+    "trainjob-update-suspend": "admitted",  # Kueue's suspend/resume
+    "trainjob-status-update": "admitted",  # the status subresource is not sent
+    "trainjob-delete": "admitted",
+    "clustertrainingruntime-create-level1": "refused",
+    "trainingruntime-create": "refused",
+    "trainingruntime-delete": "admitted",
+    # Controlled by a TrainJob, written by someone other than the service: defaulted, so sent.
+    "workload-create": "refused",
+    "podgroup-create": "refused",
+}
+
+
+def _refused_while_down(r: Rendered, review: Json) -> bool:
+    request = review["request"]
+    for _, hook in _hooks(r).values():
+        rule = hook["rules"][0]
+        if request["resource"]["resource"] != rule["resources"][0] or request.get("subResource"):
+            continue
+        if request["operation"] not in rule["operations"] or hook["failurePolicy"] != "Fail":
+            continue
+        if _object_selected(hook, review) and _match_conditions_hold(hook, review):
+            return True
+    return False
+
+
+def test_what_fails_while_the_service_is_down(default: Rendered) -> None:
+    seen = {}
+    for stem in WHILE_DOWN:
+        name = next(n for n in fixture_names() if n.startswith(stem + "."))
+        refused = _refused_while_down(default, fixture(name))
+        seen[stem] = "refused" if refused else "admitted"
+    assert seen == WHILE_DOWN
+    # Everyone else's gang objects (Kueue's, a Job's own Workload) and the service's own writes.
+    for kind in ("workload", "podgroup"):
+        review = fixture(f"{kind}-create.mutate.json")
+        obj = review["request"]["object"]
+        obj["metadata"]["ownerReferences"] = [{"kind": "Job", "name": "j", "uid": "u"}]
+        obj["spec"].pop("controllerRef", None)
+        assert not _refused_while_down(default, review)
+        ours = fixture(f"{kind}-create.mutate.json")
+        ours["request"]["userInfo"]["username"] = SELF
+        assert not _refused_while_down(default, ours)
+
+
 # --- CRDs ---------------------------------------------------------------------------------------
 
 

@@ -66,9 +66,20 @@ app.kubernetes.io/part-of: trainjob-scheduling
 {{- end -}}
 {{- end -}}
 
-{{/* The namespaces no namespaced webhook is called for: the configured ones and the release's. */}}
+{{/* The namespaces the namespaced webhooks are called for: only the watched ones (when
+serve.watchNamespaces lists them), only labelled ones (webhooks.namespaceLabel), and never the
+excluded ones or the release's own. The selectors AND together. */}}
 {{- define "tjs.namespaceSelector" -}}
+{{- with .Values.webhooks.namespaceLabel }}
+matchLabels:
+  {{ .key | toJson }}: {{ .value | toJson }}
+{{- end }}
 matchExpressions:
+{{- with .Values.serve.watchNamespaces }}
+- key: kubernetes.io/metadata.name
+  operator: In
+  values: {{ uniq . | toJson }}
+{{- end }}
 - key: kubernetes.io/metadata.name
   operator: NotIn
   values: {{ uniq (append .Values.webhooks.excludeNamespaces .Release.Namespace) | toJson }}
