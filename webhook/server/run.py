@@ -46,6 +46,7 @@ from ..metrics.gangs import GangTracker
 from ..metrics.registry import Metrics
 from ..reconcile.reconciler import CONTROLLER, Reconciler, ReconcilerSettings
 from ..reconcile.status import StatusWriter
+from ..tls.policy import TlsPolicy
 from ..tls.reload import ReloadingContext
 from .app import Limits, Readiness, admission_app, health_app
 from .certificates import Certificates, CertSettings, certificates
@@ -99,6 +100,7 @@ class Settings:
     limits: Limits = field(default_factory=Limits)
     reconcile: ReconcileSettings = field(default_factory=ReconcileSettings)
     certs: CertSettings = field(default_factory=CertSettings)  # files (cert_dir) or self-managed
+    tls: TlsPolicy = field(default_factory=TlsPolicy)  # what the TLS listeners accept
     schedulers: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: {})
     """Scheduler names per gang backend; a backend not named keeps its defaults."""
     backends: tuple[str, ...] | None = None  # the gang backends to run; None: all
@@ -434,7 +436,12 @@ def serving_certificate(
     """From --cert-dir, or self-managed in a Secret (see `certificates.py`)."""
     try:
         return certificates(
-            settings.cert_dir, settings.certs, api, own_namespace(settings.namespace), metrics
+            settings.cert_dir,
+            settings.certs,
+            api,
+            own_namespace(settings.namespace),
+            metrics,
+            settings.tls,
         )
     except ValueError as err:
         raise StartupError(f"certificates: {err}") from None

@@ -127,6 +127,10 @@ matchExpressions:
 - --shutdown-timeout={{ $s.shutdownTimeoutSeconds }}
 - --connection-max-requests={{ $s.connectionMaxRequests }}
 - --connection-max-age={{ $s.connectionMaxAgeSeconds }}
+- --tls-min-version={{ $s.tlsMinVersion }}
+{{- with $s.tlsCipherSuites }}
+- --tls-cipher-suites={{ join "," . }}
+{{- end }}
 {{- with $s.watchNamespaces }}
 - --watch-namespaces={{ join "," . }}
 {{- end }}
