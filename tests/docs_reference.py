@@ -619,6 +619,9 @@ KEYS: list[tuple[str, str, str, str, str, str]] = [
     ("webhook.core.snapshot", "SNAPSHOT_ANNOTATION", "annotation", "TrainJob", "written",
      "what the planner reads of the runtime, frozen at the first pass (about 1 KB); only the "
      "service may set, change or remove it ([Tenancy](../concepts/tenancy.md))"),
+    ("webhook.kube.store", "LAST_APPLIED", "annotation", "every cached object", "dropped",
+     "`kubectl apply`'s copy of the object: left out of the watch cache with `managedFields` "
+     "(nothing reads them; [sizing](../architecture/benchmarks.md))"),
     ("webhook.kube.feasibility", "MODE_ANNOTATION", "annotation",
      "(Cluster)TrainingRuntime", "read", "`warn`, `deny` or `off`: feasibility for its "
      "TrainJobs (wins over `--feasibility`)"),
