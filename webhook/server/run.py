@@ -38,6 +38,7 @@ from ..kube.events import EventRecorder
 from ..kube.feasibility import Mode
 from ..kube.gangpods import GangPods
 from ..kube.leader import LeaderElector, LeaseSettings
+from ..kube.metered import MeteredApiClient
 from ..kube.writer import ApiWriter, WriterSettings
 from ..metrics.app import Checker, MetricsApp, NoCluster
 from ..metrics.auth import Authorizer, AuthSettings
@@ -343,6 +344,12 @@ def background(
     return jobs
 
 
+def count_requests(api: MeteredApiClient, metrics: Metrics) -> None:
+    """Every request `api` makes counted in `trainjob_scheduling_api_requests_total`."""
+    requests = metrics.api_requests
+    api.on_answer = lambda verb, code: requests.labels(verb=verb, code=code).inc()
+
+
 def lease_settings(settings: Settings, identity: str) -> LeaseSettings:
     r = settings.reconcile
     try:
@@ -386,6 +393,8 @@ async def serve(settings: Settings) -> None:
             await close()
         raise
     tls = certs.tls
+    if isinstance(api, MeteredApiClient):
+        count_requests(api, metrics)
     cache = Cache(connected=api is not None, backends=backends)
     cache.feasibility.mode = settings.feasibility
     cache.service_username = own_username(settings.service_account)
