@@ -27,7 +27,7 @@ from tests import chart_crds
 from tests.chart import BASE, CHART, NAMESPACE, RELEASE, Json, Rendered, lint, render
 from tests.chart import render_error as refused
 from tests.harness import fixture, fixture_cache, fixture_names
-from tests.paths import SAMPLES, SHARED
+from tests.paths import REPO, SAMPLES, SHARED
 from webhook.admission.handlers import validate_trainjob_review
 from webhook.admission.review import parse
 from webhook.admission.routes import WEBHOOKS
@@ -902,6 +902,14 @@ def test_alerts_and_dashboard_use_the_services_metrics(tmp_path: Path) -> None:
             "critical",
         )
     assert 'name="' + BASE + '"' in alerts["TrainJobSchedulingNoLeader"]["expr"]
+    # Every alert links to its row of Act on an alert, which carries that anchor.
+    base = yaml.safe_load((CHART / "values.yaml").read_text())["monitoring"]["prometheusRule"][
+        "runbookBaseUrl"
+    ]
+    page = (REPO / "docs" / "tasks" / "alerts.md").read_text()
+    for name, alert in alerts.items():
+        assert alert["annotations"]["runbook_url"] == f"{base}#{name.lower()}", name
+        assert f'<span id="{name.lower()}"></span>' in page, name
     # PromQL that Prometheus accepts: the rules as they are, the panels as recording rules.
     recorded = [
         {"record": f"dashboard:panel_{panel['id']}_{target['refId']}",
