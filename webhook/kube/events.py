@@ -1,8 +1,10 @@
 """Kubernetes Events (`events.k8s.io/v1`) about TrainJobs, so `kubectl describe` tells the story.
 
 Events are best effort, as in client-go: `record` never waits for the API server; a bounded
-queue feeds one sender; the same event (object, reason, note) is posted once per `dedupe_for`
-seconds, so a TrainJob that keeps failing does not flood etcd.
+queue feeds the senders; the same event (object, reason, note) is posted once per `dedupe_for`
+seconds, so a TrainJob that keeps failing does not flood etcd; and the posts go through a
+client-side rate limit (`bucket`, QPS with a burst like the reconciler's writes, but a bucket of
+their own, so a storm of Events never delays a gang's objects).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from kubernetes.aio.client import ApiClient, EventsV1Api
 
 from .microtime import MicroTime
 from .rest import body_of
+from .writer import TokenBucket
 
 log = logging.getLogger("webhook.events")
 
@@ -39,8 +42,10 @@ class EventRecorder:
         on_event: Callable[[str], None] | None = None,
         on_drop: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        bucket: TokenBucket | None = None,
     ) -> None:
         self.events = EventsV1Api(api) if api is not None else None
+        self.bucket = bucket  # None: posted as fast as the senders go (tests)
         self.controller = controller
         self.instance = instance
         self.dedupe_for = dedupe_for
@@ -100,6 +105,8 @@ class EventRecorder:
             event = await self._queue.get()
             if self.events is None:
                 continue
+            if self.bucket is not None:
+                await self.bucket.acquire()
             body: Any = event  # the client serialises a plain dict as it is
             try:
                 # The client's own timeout (not wait_for, which on Python 3.11 can swallow the

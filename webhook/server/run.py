@@ -39,7 +39,7 @@ from ..kube.feasibility import Mode
 from ..kube.gangpods import GangPods
 from ..kube.leader import LeaderElector, LeaseSettings
 from ..kube.metered import MeteredApiClient
-from ..kube.writer import ApiWriter, WriterSettings
+from ..kube.writer import ApiWriter, TokenBucket, WriterSettings
 from ..metrics.app import Checker, MetricsApp, NoCluster
 from ..metrics.auth import Authorizer, AuthSettings
 from ..metrics.feasibility import FeasibilityCollector
@@ -298,6 +298,7 @@ def background(
             me,
             on_event=lambda reason: metrics.events.labels(reason=reason).inc(),
             on_drop=metrics.events_dropped.inc,
+            bucket=TokenBucket(r.qps, r.burst),  # as the writes', in a bucket of its own
         )
         writer = ApiWriter(api, WriterSettings(qps=r.qps, burst=r.burst))
         pods = GangPods()  # gang health after admission: JobSet's pods, counted
