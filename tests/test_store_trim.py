@@ -69,3 +69,54 @@ def test_a_relist_of_the_same_objects_changes_nothing() -> None:
 def test_the_fixture_cache_still_plans() -> None:
     cache = fixture_cache()
     assert cache.plan_for("team-a", "my-job").plan is not None
+
+
+def _podgroup(owner: dict[str, Any] | None, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    obj: dict[str, Any] = copy.deepcopy(
+        fixture("podgroup-create.validate.json")["request"]["object"]
+    )
+    obj["metadata"]["labels"] = labels or {}
+    obj["metadata"]["ownerReferences"] = [owner] if owner else []
+    obj["metadata"]["managedFields"] = [{"manager": "kube-controller-manager"}]
+    obj["metadata"]["deletionTimestamp"] = "2026-12-01T09:00:00Z"
+    return obj
+
+
+def test_anyone_elses_gang_objects_are_kept_as_stubs() -> None:
+    """A Job's own PodGroup keeps only who owns it and whether it is going; the service's own
+    and a TrainJob's (made by anyone) stay whole, as the reconciler and pod webhook read them."""
+    from webhook.backends.base import MANAGED_BY, MANAGED_BY_LABEL
+    from webhook.backends.native import POD_GROUP
+
+    cache = fixture_cache()
+    store = cache.store(POD_GROUP)
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "name": "j",
+        "uid": "job-uid",
+        "controller": True,
+    }
+    trainjob = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+                "name": "my-job", "uid": "tj-uid", "controller": True}  # fmt: skip
+    foreign = _podgroup(job)
+    store.apply("ADDED", foreign)
+    entry = store.get("team-a", foreign["metadata"]["name"])
+    assert entry is not None
+    assert entry.raw == {
+        "apiVersion": "scheduling.k8s.io/v1beta1",
+        "kind": "PodGroup",
+        "metadata": {
+            k: foreign["metadata"][k]
+            for k in ("name", "namespace", "uid", "labels", "ownerReferences", "deletionTimestamp")
+        },
+    }
+    ours = _podgroup(None, {MANAGED_BY_LABEL: MANAGED_BY})
+    for i, kept in enumerate((_podgroup(trainjob), ours)):
+        kept["metadata"]["name"] += f"-kept-{i}"
+        store.apply("ADDED", kept)
+        whole = store.get("team-a", kept["metadata"]["name"])
+        assert whole is not None and whole.raw["spec"] == kept["spec"]
+        assert "managedFields" not in whole.raw["metadata"]
+    # The TrainJob-controlled one made by someone else is what the pod webhook stands down for.
+    assert cache.owned(POD_GROUP, "tj-uid") and not cache.owned(POD_GROUP, "job-uid")

@@ -14,9 +14,9 @@ Objects are what a watch brings, as JSON bytes decoded the way the informer deco
   not a TrainJob's), with the managedFields its controller and the scheduler leave.
 
 Each is measured twice with tracemalloc: kept whole (a plain dict by key, what the cache did
-before it dropped the bookkeeping) and in the service's `Store` (managedFields and the
-last-applied annotation dropped). For the TrainJobs, the plan each one memoises when the pod
-webhook or reconciler first asks is measured too.
+before) and in the service's own stores (managedFields and the last-applied annotation dropped;
+anyone else's gang objects kept as stubs, `kube/gangstore.py`). For the TrainJobs, the plan
+each one memoises when the pod webhook or reconciler first asks is measured too.
 """
 
 from __future__ import annotations

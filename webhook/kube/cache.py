@@ -20,6 +20,7 @@ from ..core.snapshot import from_text, snapshot_of
 from ..core.trainer import CLUSTER_RUNTIME_KIND, NAMESPACED_RUNTIME_KIND, Runtime, TrainJob
 from ..core.validation import CheckedRuntime, Verdict, check_stored_runtime
 from .feasibility import Feasibility
+from .gangstore import GangStore
 from .index import OwnerIndex
 from .store import Entry, EventType, Key, Listener, Store, key_of
 
@@ -58,8 +59,9 @@ class Cache:
         self.cluster_runtimes = Store("clustertrainingruntimes")
         # Not needed for readiness: admission checks a plan's classes only once it is listed.
         self.priority_classes = Store("priorityclasses")
+        # Anyone else's gang objects are kept as stubs (`gangstore.py`).
         self.gang_stores: dict[Kind, Store] = {
-            kind: Store(f"{kind.plural}.{kind.group}") for kind in self.backends.kinds
+            kind: GangStore(f"{kind.plural}.{kind.group}") for kind in self.backends.kinds
         }
         self.apis: dict[str, GangApi] = {name: "unknown" for name in self.backends.names}
         self.kind_states: dict[Kind, GangApi] = {}  # optional kinds (CompositePodGroup)

@@ -86,7 +86,7 @@ class Store:
         )
         changes: list[tuple[EventType, dict[str, Any] | None, dict[str, Any] | None]] = []
         for item in items:
-            raw = without_bookkeeping(item)  # (the informer's items are trimmed already)
+            raw = self.trim(item)  # (the informer's items are trimmed already: a no-op then)
             key = key_of(raw)
             if key is None:
                 continue
@@ -110,7 +110,7 @@ class Store:
         self._listed.clear()
 
     def apply(self, event: EventType, raw: dict[str, Any]) -> None:
-        raw = without_bookkeeping(raw)
+        raw = self.trim(raw)
         key = key_of(raw)
         if key is None:
             return
