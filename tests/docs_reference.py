@@ -414,7 +414,11 @@ def rbac_page() -> str:
         "certificates, metrics authentication, feasibility on), as the Helm engine renders it. "
         "`tests/test_chart_rbac.py` runs the service on these rules alone and shows each verb is "
         "used. Everything is read through list + watch, so no `get` is needed on those "
-        "resources. The pre-delete hook's ServiceAccount (`<name>-cleanup`) may delete the two "
+        "resources. With `serve.watchNamespaces` set, the rules on namespaced resources "
+        "(TrainJobs, TrainingRuntimes, pods, the gang objects, Events) move from the ClusterRole "
+        "to a Role `<name>-watched` in each watched namespace, so the service may touch nothing "
+        "elsewhere; the cluster-scoped ones stay. The pre-delete hook's ServiceAccount "
+        "(`<name>-cleanup`) may delete the two "
         "webhook configurations and nothing else; `explain` runs with *your* credentials "
         "([what it reads](../tasks/why-waiting.md#what-it-needs-of-your-rbac)).\n\n"
         + table(["Role", "API group", "Resources", "Verbs", "Why"], rows)

@@ -693,6 +693,32 @@ def _flat(role: Json) -> set[tuple[str, str, str, str]]:
     }
 
 
+CLUSTER_SCOPED = {"clustertrainingruntimes", "priorityclasses", "nodes", "tokenreviews",
+                  "subjectaccessreviews", *CONFIGS}  # fmt: skip
+
+
+def test_with_watched_namespaces_the_namespaced_rules_are_granted_only_there() -> None:
+    """The same verbs as the default install, but those on namespaced resources only in the
+    watched namespaces (a Role and RoleBinding each), the ClusterRole keeping the rest."""
+    watched = ("team-a", "team-b")
+    r = render({"serve": {"watchNamespaces": list(watched)}})
+    cluster = _flat(r.one("ClusterRole", BASE))
+    assert cluster == {t for t in CLUSTER_SELF if t[1] in CLUSTER_SCOPED}
+    account = {"kind": "ServiceAccount", "name": BASE, "namespace": NAMESPACE}
+    for ns in watched:
+        [role] = [o for o in r.kinds("Role") if o["metadata"]["namespace"] == ns]
+        assert role["metadata"]["name"] == f"{BASE}-watched"
+        assert _flat(role) == {t for t in CLUSTER_SELF if t[1] not in CLUSTER_SCOPED}
+        [binding] = [o for o in r.kinds("RoleBinding") if o["metadata"]["namespace"] == ns]
+        assert binding["roleRef"]["name"] == role["metadata"]["name"]
+        assert binding["subjects"] == [account]
+    assert _flat(render({}).one("ClusterRole", BASE)) == CLUSTER_SELF  # (the default: all)
+    # The release namespace may be watched too: its own Role keeps its name.
+    both = render({"serve": {"watchNamespaces": [NAMESPACE]}})
+    names = sorted(o["metadata"]["name"] for o in both.kinds("Role"))
+    assert names == [BASE, f"{BASE}-watched"]
+
+
 def test_backend_settings_become_the_services_flags() -> None:
     args = build_parser().parse_args(["serve", *render({}).args])
     assert args.backends == ("native", "coscheduling", "volcano", "kai")  # all, by default

@@ -190,3 +190,55 @@ resources:
 securityContext:
   {{- toYaml .Values.securityContext | nindent 2 }}
 {{- end -}}
+
+{{/* The service's rules on namespaced resources: in its ClusterRole, or with
+serve.watchNamespaces in a Role of each watched namespace (templates/rbac.yaml). */}}
+{{- define "tjs.namespacedRules" -}}
+# The webhooks' cache (list + watch); patch: the runtime snapshot annotation.
+- apiGroups: [trainer.kubeflow.org]
+  resources: [trainjobs]
+  verbs: [list, watch, patch]
+- apiGroups: [trainer.kubeflow.org]
+  resources: [trainingruntimes]
+  verbs: [list, watch]
+# The GangScheduling condition: server-side apply on the status subresource.
+- apiGroups: [trainer.kubeflow.org]
+  resources: [trainjobs/status]
+  verbs: [patch]
+# blockOwnerDeletion on the Workloads' and PodGroups' ownerReferences to their TrainJob.
+- apiGroups: [trainer.kubeflow.org]
+  resources: [trainjobs/finalizers]
+  verbs: [update]
+# Gang health after admission: JobSet's pods, counted per Job (never kept whole).
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [list, watch]
+# The reconciler's objects, per gang backend run (and the gang metrics' watch of them).
+{{- if has "native" .Values.serve.backends }}
+- apiGroups: [scheduling.k8s.io]
+  resources: [workloads, podgroups]
+  verbs: [list, watch, create, patch, delete]
+# Gangs of gangs (multi-level runtimes); immutable, so made again rather than patched.
+- apiGroups: [scheduling.k8s.io]
+  resources: [compositepodgroups]
+  verbs: [list, watch, create, delete]
+{{- end }}
+{{- if has "coscheduling" .Values.serve.backends }}
+- apiGroups: [scheduling.x-k8s.io]
+  resources: [podgroups]
+  verbs: [list, watch, create, patch, delete]
+{{- end }}
+{{- if has "volcano" .Values.serve.backends }}
+- apiGroups: [scheduling.volcano.sh]
+  resources: [podgroups]
+  verbs: [list, watch, create, patch, delete]
+{{- end }}
+{{- if has "kai" .Values.serve.backends }}
+- apiGroups: [scheduling.run.ai]
+  resources: [podgroups]
+  verbs: [list, watch, create, patch, delete]
+{{- end }}
+- apiGroups: [events.k8s.io]
+  resources: [events]
+  verbs: [create]
+{{- end -}}
