@@ -69,8 +69,9 @@ plan: setup
 ## bench: speed and memory figures (prints numbers; not a test): the planning core, then
 ## concurrent HTTPS reviews against the service and against a bare uvicorn app, the
 ## reconciler, feasibility at 100, 1,000 and 10,000 nodes, and gang health (the pod watch's
-## memory per gang, the longest loop stall under a burst of 10,000 pod events), and gang objects
-## first (a burst of TrainJobs: TrainJob -> PodGroup with the condition writer on and off)
+## memory per gang, the longest loop stall under a burst of 10,000 pod events), gang objects
+## first (a burst of TrainJobs: TrainJob -> PodGroup with the condition writer on and off), and
+## the watch cache's memory per TrainJob and per foreign PodGroup (10,000 of each)
 bench: setup
 	$(PY) -m tests.bench.plan_bench
 	$(PY) -m tests.bench.admission_bench
@@ -78,6 +79,7 @@ bench: setup
 	$(PY) -m tests.bench.feasibility_bench
 	$(PY) -m tests.bench.status_bench
 	$(PY) -m tests.bench.gang_first_bench
+	$(PY) -m tests.bench.cache_bench
 	$(if $(BENCH_KUBECONFIG),$(PY) -m tests.bench.reconcile_bench --kubeconfig $(BENCH_KUBECONFIG))
 
 ## prometheus: Debian's Prometheus, which tests/test_prometheus.py runs (skipped without it,

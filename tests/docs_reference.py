@@ -341,7 +341,8 @@ def webhooks_page() -> str:
 # (apiGroup, resource) -> why the service needs it. The chart is the truth about the verbs.
 RBAC_WHY = {
     ("trainer.kubeflow.org", "trainjobs"): "the webhooks' cache (list + watch); `patch`: the "
-    "runtime snapshot annotation",
+    "runtime snapshot annotation, which only this ServiceAccount may write (the TrainJob webhook "
+    "denies anyone else's; [why](../concepts/tenancy.md))",
     ("trainer.kubeflow.org", "trainingruntimes"): "the webhooks' cache",
     ("trainer.kubeflow.org", "clustertrainingruntimes"): "the webhooks' cache",
     ("trainer.kubeflow.org", "trainjobs/finalizers"): "`blockOwnerDeletion` on the gang "
@@ -414,7 +415,11 @@ def rbac_page() -> str:
         "certificates, metrics authentication, feasibility on), as the Helm engine renders it. "
         "`tests/test_chart_rbac.py` runs the service on these rules alone and shows each verb is "
         "used. Everything is read through list + watch, so no `get` is needed on those "
-        "resources. The pre-delete hook's ServiceAccount (`<name>-cleanup`) may delete the two "
+        "resources. With `serve.watchNamespaces` set, the rules on namespaced resources "
+        "(TrainJobs, TrainingRuntimes, pods, the gang objects, Events) move from the ClusterRole "
+        "to a Role `<name>-watched` in each watched namespace, so the service may touch nothing "
+        "elsewhere; the cluster-scoped ones stay. The pre-delete hook's ServiceAccount "
+        "(`<name>-cleanup`) may delete the two "
         "webhook configurations and nothing else; `explain` runs with *your* credentials "
         "([what it reads](../tasks/why-waiting.md#what-it-needs-of-your-rbac)).\n\n"
         + table(["Role", "API group", "Resources", "Verbs", "Why"], rows)
@@ -628,7 +633,11 @@ KEYS: list[tuple[str, str, str, str, str, str]] = [
      "Volcano, KAI and Coscheduling PodGroups", "written", "the plan's policy, `gang` or "
      "`basic`"),
     ("webhook.core.snapshot", "SNAPSHOT_ANNOTATION", "annotation", "TrainJob", "written",
-     "what the planner reads of the runtime, frozen at the first pass (about 1 KB)"),
+     "what the planner reads of the runtime, frozen at the first pass (about 1 KB); only the "
+     "service may set, change or remove it ([Tenancy](../concepts/tenancy.md))"),
+    ("webhook.kube.store", "LAST_APPLIED", "annotation", "every cached object", "dropped",
+     "`kubectl apply`'s copy of the object: left out of the watch cache with `managedFields` "
+     "(nothing reads them; [sizing](../architecture/benchmarks.md))"),
     ("webhook.kube.gangpods", "RESTART_ATTEMPT", "label", "pod", "read (pod watch)",
      "JobSet's restart attempt (0, then one more per restart): a TrainJob's newest among its "
      "pending or running pods is the attempt its gang is for"),

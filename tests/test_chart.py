@@ -27,11 +27,13 @@ from tests import chart_crds
 from tests.chart import BASE, CHART, NAMESPACE, RELEASE, Json, Rendered, lint, render
 from tests.chart import render_error as refused
 from tests.harness import fixture, fixture_cache, fixture_names
-from tests.paths import SAMPLES, SHARED
+from tests.paths import REPO, SAMPLES, SHARED
+from webhook.admission.handlers import validate_trainjob_review
 from webhook.admission.review import Decision, parse
 from webhook.admission.routes import WEBHOOKS
 from webhook.backends.registry import all_backends, default_backends
 from webhook.cli import _SERVE_OPTIONS, build_parser
+from webhook.core.snapshot import SNAPSHOT_ANNOTATION as SNAP
 from webhook.kube.cache import Cache
 from webhook.metrics.feasibility import FeasibilityCollector
 from webhook.metrics.gangs import GangTracker
@@ -539,6 +541,60 @@ def test_selectors_and_match_conditions_never_skip_a_review_the_service_changes(
         assert not _match_conditions_hold(hooks[path][1], sent)
 
 
+TRAINJOB_PATH = "/validate-trainer-kubeflow-org-v1alpha1-trainjob"
+
+
+def _trainjob_update(change: Any) -> Json:
+    """The captured suspend flip, with `change(object, oldObject)` applied to it."""
+    review = fixture("trainjob-update-suspend.validate.json")
+    change(review["request"]["object"], review["request"]["oldObject"])
+    return review
+
+
+def _set(obj: Json, key: str, value: str | None) -> Json:
+    annotations = obj["metadata"].setdefault("annotations", {})
+    if value is None:
+        annotations.pop(key, None)
+    else:
+        annotations[key] = value
+    return obj
+
+
+def test_trainjob_updates_that_only_flip_suspend_skip_the_service_but_no_snapshot_write_does(
+    default: Rendered,
+) -> None:
+    """Kueue's suspend and resume never wait on the service; the runtime snapshot's tamper
+    check (and every other judged change) is never skipped, even alongside a suspend flip."""
+    _, hook = _hooks(default)[TRAINJOB_PATH]
+    ((condition,),) = [hook["matchConditions"]]
+    assert condition["name"] == "not-only-suspend"
+    assert not _match_conditions_hold(hook, fixture("trainjob-update-suspend.validate.json"))
+    assert not _match_conditions_hold(hook, _trainjob_update(lambda new, old: None))  # no-op
+    assert _match_conditions_hold(hook, fixture("trainjob-create.validate.json"))
+    cache = fixture_cache()
+    cache.service_username = SELF
+    called: list[Any] = [
+        lambda new, old: _set(new, SNAP, "{}"),  # a tenant adds a snapshot
+        lambda new, old: (_set(old, SNAP, "{}"), _set(new, SNAP, '{"spec":{}}')),  # edits it
+        lambda new, old: _set(old, SNAP, "{}"),  # removes it
+        lambda new, old: _set(new, "team/note", "x"),  # any other annotation
+        lambda new, old: new["metadata"].__setitem__("labels", {"kueue.x-k8s.io/queue-name": "q"}),
+        lambda new, old: new["spec"]["trainer"].__setitem__("numNodes", 3),
+        lambda new, old: new["spec"].__setitem__("podTemplateOverrides", []),  # a key added
+        lambda new, old: old["spec"].__setitem__("initializer", {}),  # a key removed
+    ]
+    for i, change in enumerate(called):
+        review = _trainjob_update(change)
+        assert _match_conditions_hold(hook, review), i
+    for i in range(3):  # and the snapshot writes are denied once there
+        decision = validate(_trainjob_update(called[i]), cache)
+        assert not decision.allowed and decision.code == 403, (i, decision)
+
+
+def validate(review: Json, cache: Cache) -> Any:
+    return validate_trainjob_review(parse(json.dumps(review).encode()), cache)
+
+
 def _three_way(original: Any, modified: Any, current: Any) -> Any:
     """Helm 3's three-way merge, as kubectl and Helm compute it for these objects: what the chart
     removed (original -> modified) is deleted, what it sets (modified) wins, and what only the
@@ -636,6 +692,32 @@ def _flat(role: Json) -> set[tuple[str, str, str, str]]:
         for verb in rule["verbs"]
         for name in rule.get("resourceNames") or [""]
     }
+
+
+CLUSTER_SCOPED = {"clustertrainingruntimes", "priorityclasses", "nodes", "tokenreviews",
+                  "subjectaccessreviews", *CONFIGS}  # fmt: skip
+
+
+def test_with_watched_namespaces_the_namespaced_rules_are_granted_only_there() -> None:
+    """The same verbs as the default install, but those on namespaced resources only in the
+    watched namespaces (a Role and RoleBinding each), the ClusterRole keeping the rest."""
+    watched = ("team-a", "team-b")
+    r = render({"serve": {"watchNamespaces": list(watched)}})
+    cluster = _flat(r.one("ClusterRole", BASE))
+    assert cluster == {t for t in CLUSTER_SELF if t[1] in CLUSTER_SCOPED}
+    account = {"kind": "ServiceAccount", "name": BASE, "namespace": NAMESPACE}
+    for ns in watched:
+        [role] = [o for o in r.kinds("Role") if o["metadata"]["namespace"] == ns]
+        assert role["metadata"]["name"] == f"{BASE}-watched"
+        assert _flat(role) == {t for t in CLUSTER_SELF if t[1] not in CLUSTER_SCOPED}
+        [binding] = [o for o in r.kinds("RoleBinding") if o["metadata"]["namespace"] == ns]
+        assert binding["roleRef"]["name"] == role["metadata"]["name"]
+        assert binding["subjects"] == [account]
+    assert _flat(render({}).one("ClusterRole", BASE)) == CLUSTER_SELF  # (the default: all)
+    # The release namespace may be watched too: its own Role keeps its name.
+    both = render({"serve": {"watchNamespaces": [NAMESPACE]}})
+    names = sorted(o["metadata"]["name"] for o in both.kinds("Role"))
+    assert names == [BASE, f"{BASE}-watched"]
 
 
 def test_backend_settings_become_the_services_flags() -> None:
@@ -797,6 +879,29 @@ def service_metrics() -> frozenset[str]:
     return frozenset({*metrics.registry._names_to_collectors, "up"})
 
 
+# The API server's own, read by the webhook-down alert where they are scraped.
+APISERVER_METRICS = frozenset(
+    {"apiserver_admission_webhook_rejection_count", "apiserver_admission_webhook_fail_open_count"}
+)
+
+
+def test_the_webhook_down_alert_also_reads_the_api_servers_failed_calls() -> None:
+    r = render(COMBINATIONS["monitoring"])
+    groups = r.one("PrometheusRule")["spec"]["groups"]
+    (down,) = [
+        x for g in groups for x in g["rules"] if x.get("alert") == "TrainJobSchedulingWebhookDown"
+    ]
+    assert metric_names(down["expr"]) >= APISERVER_METRICS
+    assert 'error_type="calling_webhook_error"' in down["expr"]
+    pattern = re.search(r'name=~"([^"]+)"', down["expr"])
+    assert pattern is not None
+    regex = pattern.group(1).replace("\\\\", "\\")  # PromQL's string escapes
+    kinds = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
+    hooks = [h["name"] for kind in kinds for h in r.one(kind)["webhooks"]]
+    assert hooks and all(re.fullmatch(regex, h) for h in hooks), (regex, hooks)
+    assert not re.fullmatch(regex, "pods.mutate.kueue.x-k8s.io")
+
+
 def _dashboard(r: Rendered) -> Json:
     config = r.one("ConfigMap", f"{BASE}-dashboard")
     dashboard: Json = json.loads(config["data"]["trainjob-scheduling.json"])
@@ -893,11 +998,8 @@ def test_alerts_and_dashboard_use_the_services_metrics(tmp_path: Path) -> None:
     for panel in panels:
         for target in panel["targets"]:
             used[f"panel {panel['title']}"] = metric_names(target["expr"])
-    unknown = {
-        where: names - service_metrics()
-        for where, names in used.items()
-        if names - service_metrics()
-    }
+    known = service_metrics() | APISERVER_METRICS
+    unknown = {where: names - known for where, names in used.items() if names - known}
     assert not unknown, unknown
     assert all(used.values()), used
     for alert in alerts.values():
@@ -906,6 +1008,14 @@ def test_alerts_and_dashboard_use_the_services_metrics(tmp_path: Path) -> None:
             "critical",
         )
     assert 'name="' + BASE + '"' in alerts["TrainJobSchedulingNoLeader"]["expr"]
+    # Every alert links to its row of Act on an alert, which carries that anchor.
+    base = yaml.safe_load((CHART / "values.yaml").read_text())["monitoring"]["prometheusRule"][
+        "runbookBaseUrl"
+    ]
+    page = (REPO / "docs" / "tasks" / "alerts.md").read_text()
+    for name, alert in alerts.items():
+        assert alert["annotations"]["runbook_url"] == f"{base}#{name.lower()}", name
+        assert f'<span id="{name.lower()}"></span>' in page, name
     # PromQL that Prometheus accepts: the rules as they are, the panels as recording rules.
     recorded = [
         {"record": f"dashboard:panel_{panel['id']}_{target['refId']}",
@@ -966,6 +1076,153 @@ def test_the_network_policy_opens_the_two_ports() -> None:
     } in peers
     test_pod = r.one("Pod", f"{BASE}-test-metrics")["metadata"]["labels"]
     assert any(_selected(p.get("podSelector", {}).get("matchLabels", {}), test_pod) for p in peers)
+
+
+def test_the_network_policy_is_on_by_default(default: Rendered) -> None:
+    policy = default.one("NetworkPolicy")
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    ports = [p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]]
+    assert ports == ["webhook", "metrics"]  # nothing else reaches the pods (probes always do)
+    assert not render({"networkPolicy": {"enabled": False}}).kinds("NetworkPolicy")
+
+
+def test_the_pods_are_system_cluster_critical_with_a_quota_admitting_them(
+    default: Rendered,
+) -> None:
+    spec = default.deployment["spec"]["template"]["spec"]
+    assert spec["priorityClassName"] == "system-cluster-critical"
+    quota = default.one("ResourceQuota")
+    assert quota["metadata"]["namespace"] == NAMESPACE
+    assert quota["spec"]["scopeSelector"]["matchExpressions"] == [
+        {"scopeName": "PriorityClass", "operator": "In", "values": ["system-cluster-critical"]}
+    ]
+    assert int(quota["spec"]["hard"]["pods"]) > default.deployment["spec"]["replicas"] * 2
+    plain = render({"priorityClassName": ""})
+    assert "priorityClassName" not in plain.deployment["spec"]["template"]["spec"]
+    assert not plain.kinds("ResourceQuota")
+    own = render({"priorityClassName": "platform-high"})
+    assert own.deployment["spec"]["template"]["spec"]["priorityClassName"] == "platform-high"
+    assert not own.kinds("ResourceQuota")  # only system-* classes are limited that way
+
+
+def _namespace_selected(selector: Json, namespace: str, labels: Json | None = None) -> bool:
+    """A label selector on a namespace, as the API server matches it (its name is the label
+    kubernetes.io/metadata.name)."""
+    have = {"kubernetes.io/metadata.name": namespace, **(labels or {})}
+    if any(have.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for e in selector.get("matchExpressions") or []:
+        key, op, values = e["key"], e["operator"], e.get("values") or []
+        ok = {
+            "In": key in have and have[key] in values,
+            "NotIn": key not in have or have[key] not in values,
+            "Exists": key in have,
+            "DoesNotExist": key not in have,
+        }[op]
+        if not ok:
+            return False
+    return True
+
+
+def _pod_reaches(r: Rendered, namespace: str, ns_labels: Json | None, pod_labels: Json) -> bool:
+    _, hook = _hooks(r)["/mutate--v1-pod"]
+    review = fixture("pod-create-by-job-controller.mutate.json")
+    review["request"]["namespace"] = namespace
+    review["request"]["object"]["metadata"]["labels"] = pod_labels
+    return (
+        _namespace_selected(hook["namespaceSelector"], namespace, ns_labels)
+        and _object_selected(hook, review)
+        and _match_conditions_hold(hook, review)
+    )
+
+
+def test_a_pod_outside_the_watched_namespaces_or_not_a_jobsets_never_reaches_the_webhook(
+    default: Rendered,
+) -> None:
+    """Trainer v2 puts no label of its own on pods (its trainjob-ancestor-step label sits on the
+    Job template, not the pod template); JobSet labels every pod of a TrainJob's JobSet, so
+    `jobset.sigs.k8s.io/jobset-name` is the narrowest label a TrainJob's pod is sure to carry."""
+    jobset_pod = fixture("pod-create-by-job-controller.mutate.json")["request"]["object"]
+    labels = jobset_pod["metadata"]["labels"]
+    assert labels["jobset.sigs.k8s.io/jobset-name"] == "my-job"
+    plain = {"app": "web"}
+    # Default: every namespace but kube-system and the release's.
+    assert _pod_reaches(default, "team-a", None, labels)
+    assert not _pod_reaches(default, "team-a", None, plain)
+    assert not _pod_reaches(default, "kube-system", None, labels)
+    assert not _pod_reaches(default, NAMESPACE, None, labels)
+    # Watched namespaces: only those.
+    watched = render({"serve": {"watchNamespaces": ["team-a", NAMESPACE]}})
+    assert _pod_reaches(watched, "team-a", None, labels)
+    assert not _pod_reaches(watched, "team-b", None, labels)
+    assert not _pod_reaches(watched, NAMESPACE, None, labels)  # never the service's own
+    assert not _pod_reaches(watched, "team-a", None, plain)
+    # Label mode: only labelled namespaces (and still only watched ones, when listed).
+    mark = {"key": "trainjob-scheduling.dev/enabled", "value": "true"}
+    labelled = render({"webhooks": {"namespaceLabel": mark}})
+    on = {"trainjob-scheduling.dev/enabled": "true"}
+    assert _pod_reaches(labelled, "team-b", on, labels)
+    assert not _pod_reaches(labelled, "team-b", None, labels)
+    assert not _pod_reaches(labelled, "team-b", {"trainjob-scheduling.dev/enabled": "no"}, labels)
+    # Every namespaced webhook gets the same namespaceSelector.
+    for r in (default, watched, labelled):
+        selectors = [
+            hook["namespaceSelector"]
+            for _, hook in _hooks(r).values()
+            if hook["rules"][0]["scope"] == "Namespaced"
+        ]
+        assert len(selectors) == 6 and all(s == selectors[0] for s in selectors)
+
+
+# What the API server does with each captured request while no replica answers, with the
+# chart's defaults: "refused" (called, failurePolicy Fail) or "admitted" (never sent). The table
+# in docs/tasks/install.md#blast-radius says the same per object kind.
+WHILE_DOWN = {
+    "pod-create-by-job-controller": "refused",  # a TrainJob's pod: retried by the Job controller
+    "pod-create-with-schedulinggroup": "admitted",  # already in a group
+    "trainjob-create": "refused",
+    "trainjob-update-suspend": "admitted",  # Kueue's suspend/resume
+    "trainjob-status-update": "admitted",  # the status subresource is not sent
+    "trainjob-delete": "admitted",
+    "clustertrainingruntime-create-level1": "refused",
+    "trainingruntime-create": "refused",
+    "trainingruntime-delete": "admitted",
+    # Controlled by a TrainJob, written by someone other than the service: defaulted, so sent.
+    "workload-create": "refused",
+    "podgroup-create": "refused",
+}
+
+
+def _refused_while_down(r: Rendered, review: Json) -> bool:
+    request = review["request"]
+    for _, hook in _hooks(r).values():
+        rule = hook["rules"][0]
+        if request["resource"]["resource"] != rule["resources"][0] or request.get("subResource"):
+            continue
+        if request["operation"] not in rule["operations"] or hook["failurePolicy"] != "Fail":
+            continue
+        if _object_selected(hook, review) and _match_conditions_hold(hook, review):
+            return True
+    return False
+
+
+def test_what_fails_while_the_service_is_down(default: Rendered) -> None:
+    seen = {}
+    for stem in WHILE_DOWN:
+        name = next(n for n in fixture_names() if n.startswith(stem + "."))
+        refused = _refused_while_down(default, fixture(name))
+        seen[stem] = "refused" if refused else "admitted"
+    assert seen == WHILE_DOWN
+    # Everyone else's gang objects (Kueue's, a Job's own Workload) and the service's own writes.
+    for kind in ("workload", "podgroup"):
+        review = fixture(f"{kind}-create.mutate.json")
+        obj = review["request"]["object"]
+        obj["metadata"]["ownerReferences"] = [{"kind": "Job", "name": "j", "uid": "u"}]
+        obj["spec"].pop("controllerRef", None)
+        assert not _refused_while_down(default, review)
+        ours = fixture(f"{kind}-create.mutate.json")
+        ours["request"]["userInfo"]["username"] = SELF
+        assert not _refused_while_down(default, ours)
 
 
 # --- CRDs ---------------------------------------------------------------------------------------

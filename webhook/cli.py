@@ -24,6 +24,7 @@ from .core.errors import Path
 from .core.fields import parse
 from .core.trainer import NAMESPACED_RUNTIME_KIND, RUNTIME_KINDS, Runtime, TrainJob
 from .core.validation import CheckedRuntime, Verdict, check_trainjob, runtime_layout
+from .tls.policy import CIPHER_SUITES, TLS_VERSIONS, TlsPolicy
 
 EXIT_INVALID = 1
 EXIT_USAGE = 2
@@ -493,6 +494,24 @@ _object_name.__name__ = "object name (a DNS subdomain) or empty"
 _int32_seconds.__name__ = "seconds (0-2147483647)"
 
 
+def _tls_version(text: str) -> str:
+    version = {"versiontls12": "1.2", "versiontls13": "1.3"}.get(text.strip().lower(), text)
+    if version not in TLS_VERSIONS:
+        raise ValueError(text)
+    return version
+
+
+def _cipher_suites(text: str) -> tuple[str, ...]:
+    names = _names(text)
+    if not names or any(name not in CIPHER_SUITES for name in names):
+        raise ValueError(text)
+    return names
+
+
+_tls_version.__name__ = "TLS version (1.2 or 1.3)"
+_cipher_suites.__name__ = "cipher suite list (" + ", ".join(CIPHER_SUITES) + ")"
+
+
 # flag, environment variable (after WEBHOOK_), type, default, help
 _SERVE_OPTIONS: list[tuple[str, str, Any, str, str]] = [
     ("--host", "HOST", str, "0.0.0.0", "address to listen on"),
@@ -510,10 +529,20 @@ _SERVE_OPTIONS: list[tuple[str, str, Any, str, str]] = [
     ("--metrics-deny-ttl", "METRICS_DENY_TTL", _positive(float), "30",
      "seconds a denial is reused"),
     ("--cert-dir", "CERT_DIR", str, "certs", "directory holding tls.crt and tls.key"),
+    ("--tls-min-version", "TLS_MIN_VERSION", _tls_version, "1.2",
+     "oldest TLS version the webhook and metrics listeners accept: 1.2 or 1.3 (VersionTLS12 "
+     "and VersionTLS13, Kubernetes' spellings, too)"),
+    ("--tls-cipher-suites", "TLS_CIPHER_SUITES", _cipher_suites, ",".join(CIPHER_SUITES),
+     "comma-separated TLS 1.2 cipher suites (IANA names), of the ECDHE AEAD suites only "
+     "(TLS 1.3 suites are always on)"),
     ("--kubeconfig", "KUBECONFIG", str, "", "kubeconfig file (default: in-cluster, "
      "else $KUBECONFIG, else no cluster)"),
     ("--namespace", "NAMESPACE", str, "", "the service's namespace, where its Lease lives "
      "(default: the pod's, else default)"),
+    ("--service-account", "SERVICE_ACCOUNT", str, "",
+     "the username the service's API requests carry (system:serviceaccount:<namespace>:<name>): "
+     "the only requester allowed to write a TrainJob's runtime snapshot (default: the pod's "
+     "ServiceAccount, read from its token; outside a pod: no one)"),
     ("--watch-namespaces", "WATCH_NAMESPACES", _names, "",
      "comma-separated namespaces whose TrainJobs are served (default: all)"),
     ("--reconcile", "RECONCILE", _bool, "true",
@@ -720,6 +749,7 @@ def serve_command(args: argparse.Namespace) -> int:
         cert_dir=pathlib.Path(args.cert_dir),
         kubeconfig=args.kubeconfig or None,
         namespace=args.namespace,
+        service_account=args.service_account,
         reconcile=reconcile,
         cert_poll_seconds=args.cert_poll_seconds,
         shutdown_timeout=args.shutdown_timeout,
@@ -742,6 +772,7 @@ def serve_command(args: argparse.Namespace) -> int:
             args.coscheduling_schedule_timeout, frozenset(args.coscheduling_affinity_schedulers)
         ),
         feasibility=args.feasibility,
+        tls=TlsPolicy(args.tls_min_version, args.tls_cipher_suites),
         certs=CertSettings(
             mode=args.cert_management,
             secret_name=args.cert_secret_name,

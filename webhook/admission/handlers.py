@@ -43,6 +43,7 @@ from ..core.validation import CheckedRuntime, Verdict, check_trainjob, judge_run
 from ..kube.cache import Cache, PlanLookup
 from .feasibility import feasibility_verdict
 from .review import MAX_WARNING, Decision, Review
+from .snapshot_guard import guard_snapshot
 
 Handler = Callable[[Review, Cache], Decision | Awaitable[Decision]]
 WRITES = ("CREATE", "UPDATE")
@@ -198,6 +199,10 @@ def mutate_runtime_review(review: Review, cache: Cache) -> Decision:
 def validate_trainjob_review(review: Review, cache: Cache) -> Decision:
     if _skips(review):
         return Decision()
+    # First, and whatever else the request holds: the gang is built from the snapshot.
+    tampered = guard_snapshot(review, cache.service_username)
+    if tampered is not None:
+        return tampered
     assert review.object is not None
     trainjob, errs = parse(TrainJob, review.object)
     if trainjob is None:

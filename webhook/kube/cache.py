@@ -20,6 +20,7 @@ from ..core.snapshot import Frozen, from_text, snapshot_of
 from ..core.trainer import CLUSTER_RUNTIME_KIND, NAMESPACED_RUNTIME_KIND, Runtime, TrainJob
 from ..core.validation import CheckedRuntime, Verdict, check_stored_runtime
 from .feasibility import Feasibility
+from .gangstore import GangStore
 from .index import OwnerIndex
 from .lookup import TrainJobLookup
 from .store import Entry, EventType, Key, Listener, Store, key_of
@@ -64,8 +65,9 @@ class Cache:
         self.cluster_runtimes = Store("clustertrainingruntimes")
         # Not needed for readiness: admission checks a plan's classes only once it is listed.
         self.priority_classes = Store("priorityclasses")
+        # Anyone else's gang objects are kept as stubs (`gangstore.py`).
         self.gang_stores: dict[Kind, Store] = {
-            kind: Store(f"{kind.plural}.{kind.group}") for kind in self.backends.kinds
+            kind: GangStore(f"{kind.plural}.{kind.group}") for kind in self.backends.kinds
         }
         self.apis: dict[str, GangApi] = {name: "unknown" for name in self.backends.names}
         self.kind_states: dict[Kind, GangApi] = {}  # optional kinds (CompositePodGroup)
@@ -85,6 +87,9 @@ class Cache:
         # Fed by the Node watch; not needed for readiness (feasibility waits for it quietly).
         self.feasibility = Feasibility()
         self.nodes = self.feasibility.summary
+        # The username the service's own API requests carry (`--service-account`): the only
+        # requester whose writes of a TrainJob's runtime snapshot are allowed; empty: no one's.
+        self.service_username = ""
         if not connected:
             for store in (*self.stores, *self.gang_stores.values()):
                 store.synced = True

@@ -18,6 +18,7 @@ from ..core.trainer import TRAINER_GROUP
 from .cache import Cache, Store
 from .gangpods import SELECTOR, GangPods
 from .informer import Informer, Resource
+from .metered import MeteredApiClient
 
 log = logging.getLogger("webhook.kube")
 
@@ -75,7 +76,7 @@ async def connect(
             }
         },
     )
-    return ApiClient(configuration=cfg)
+    return MeteredApiClient(configuration=cfg)  # (its requests counted once metrics exist)
 
 
 def settle_proxy(cfg: Configuration, environ: Mapping[str, str]) -> None:

@@ -1,10 +1,11 @@
 """Kubernetes Events (`events.k8s.io/v1`) about TrainJobs, so `kubectl describe` tells the story.
 
 Events are best effort, as in client-go: `record` never waits for the API server; a bounded
-queue feeds one sender; the same event (object, reason, note) is posted once per `dedupe_for`
+queue feeds the senders; the same event (object, reason, note) is posted once per `dedupe_for`
 seconds, so a TrainJob that keeps failing does not flood etcd. With a `gate` (the writer's
-`WriteLanes.report_turn`), each post waits for it: Events report, so they go after the writes
-that make gangs and within the reporting budget.
+`WriteLanes.report_turn`, as `serve` runs it), each post waits for it: Events report, so they
+go after the writes that make gangs and within the reporting budget. A `bucket` of their own
+limits them instead where there is no writer to share a budget with.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from kubernetes.aio.client import ApiClient, EventsV1Api
 
 from .microtime import MicroTime
 from .rest import body_of
+from .writer import TokenBucket
 
 log = logging.getLogger("webhook.events")
 
@@ -42,9 +44,11 @@ class EventRecorder:
         on_drop: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         gate: Callable[[], Awaitable[None]] | None = None,
+        bucket: TokenBucket | None = None,
     ) -> None:
         self.events = EventsV1Api(api) if api is not None else None
         self.gate = gate
+        self.bucket = bucket  # None: posted as fast as the senders go (tests)
         self.controller = controller
         self.instance = instance
         self.dedupe_for = dedupe_for
@@ -104,6 +108,8 @@ class EventRecorder:
             event = await self._queue.get()
             if self.events is None:
                 continue
+            if self.bucket is not None:
+                await self.bucket.acquire()
             body: Any = event  # the client serialises a plain dict as it is
             try:
                 if self.gate is not None:

@@ -7,6 +7,9 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal, Protocol
 
 Key = tuple[str, str]  # (namespace or "", name)
+# Written by `kubectl apply` (client-side): the whole object again, as JSON. No reader of the
+# cache needs it, nor managedFields (server-side apply's bookkeeping, often larger than the spec).
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 EventType = Literal["ADDED", "MODIFIED", "DELETED"]
 # Told of every change after the store has it: (event, the object before or None, after or None).
 Listener = Callable[[EventType, dict[str, Any] | None, dict[str, Any] | None], None]
@@ -69,7 +72,7 @@ class Store:
         return list(self._entries.items())
 
     def trim(self, raw: dict[str, Any]) -> dict[str, Any]:
-        return raw  # every field may matter to a store's readers
+        return without_bookkeeping(raw)  # every other field may matter to a store's readers
 
     def subscribe(self, listener: Listener) -> None:
         self._listeners.append(listener)
@@ -82,7 +85,8 @@ class Store:
             {k: e for k, e in self._entries.items() if k[0] != namespace} if namespace else {}
         )
         changes: list[tuple[EventType, dict[str, Any] | None, dict[str, Any] | None]] = []
-        for raw in items:
+        for item in items:
+            raw = self.trim(item)  # (the informer's items are trimmed already: a no-op then)
             key = key_of(raw)
             if key is None:
                 continue
@@ -106,6 +110,7 @@ class Store:
         self._listed.clear()
 
     def apply(self, event: EventType, raw: dict[str, Any]) -> None:
+        raw = self.trim(raw)
         key = key_of(raw)
         if key is None:
             return
@@ -122,6 +127,25 @@ class Store:
     ) -> None:
         for listener in self._listeners:
             listener(event, old, new)
+
+
+def without_bookkeeping(raw: dict[str, Any]) -> dict[str, Any]:
+    """`raw` without `metadata.managedFields` and the last-applied annotation: a shallow copy
+    when it has either (the caller's object is never changed), else `raw` itself. Nothing the
+    service reads of a cached object is in them: the status writer applies its condition
+    server-side with `force`, so it never reads who manages what."""
+    meta = raw.get("metadata")
+    if not isinstance(meta, dict):
+        return raw
+    annotations = meta.get("annotations")
+    applied = isinstance(annotations, dict) and LAST_APPLIED in annotations
+    if not applied and "managedFields" not in meta:
+        return raw
+    meta = {k: v for k, v in meta.items() if k != "managedFields"}
+    if applied:
+        assert isinstance(annotations, dict)
+        meta["annotations"] = {k: v for k, v in annotations.items() if k != LAST_APPLIED}
+    return {**raw, "metadata": meta}
 
 
 def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:

@@ -163,6 +163,13 @@ class Metrics:
             ["resource"],
             registry=r,
         )
+        self.api_requests = Counter(
+            "trainjob_scheduling_api_requests",
+            "Requests the service made of the API server, by verb (HTTP method; WATCH for a "
+            "watch) and HTTP status code (error: no answer).",
+            ["verb", "code"],
+            registry=r,
+        )
         self.cert_reads = Counter(
             "certwatcher_read_certificate",
             "Reads of the serving certificate files.",

@@ -20,6 +20,7 @@ from kubernetes.aio.client import ApiClient
 from ..kube.selfcerts import SelfCertSettings, SelfManagedCerts
 from ..metrics.registry import Metrics
 from ..tls.certs import CA_CERT, TLS_CERT, TLS_KEY
+from ..tls.policy import TlsPolicy
 from ..tls.reload import ReloadingContext
 from ..tls.selfmanaged import Policy
 
@@ -71,13 +72,14 @@ def certificates(
     api: ApiClient | None,
     namespace: str,
     metrics: Metrics,
+    tls_policy: TlsPolicy | None = None,
 ) -> Certificates:
     """The served certificate's source; raises ValueError (a startup error) on bad settings.
     `namespace` is the service's own (its Service's, and by default its Secret's)."""
     mode = resolve(settings.mode)
     if mode == "files":
         tls = ReloadingContext(
-            cert_dir / TLS_CERT, cert_dir / TLS_KEY, metrics, ca_file=cert_dir / CA_CERT
+            cert_dir / TLS_CERT, cert_dir / TLS_KEY, metrics, cert_dir / CA_CERT, policy=tls_policy
         )
         tls.reload()
         return Certificates(tls)
@@ -97,7 +99,12 @@ def certificates(
     # The container's only writable place is /tmp (an emptyDir); the CA key is never written.
     directory = Path(tempfile.mkdtemp(prefix="webhook-certs-"))
     tls = ReloadingContext(
-        directory / TLS_CERT, directory / TLS_KEY, metrics, directory / CA_CERT, missing_ok=True
+        directory / TLS_CERT,
+        directory / TLS_KEY,
+        metrics,
+        directory / CA_CERT,
+        missing_ok=True,
+        policy=tls_policy,
     )
     manager = SelfManagedCerts(api, self_settings, policy, tls, directory)
     log.info(

@@ -9,6 +9,7 @@ watches and the reconciler stop, and the Lease is released so another replica le
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import gc
 import logging
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
 from kubernetes.aio.client import ApiClient
 
 from ..backends.base import GangBackend
@@ -37,6 +39,7 @@ from ..kube.feasibility import Mode
 from ..kube.gangpods import GangPods
 from ..kube.leader import LeaderElector, LeaseSettings
 from ..kube.lookup import TrainJobLookup, api_ask
+from ..kube.metered import MeteredApiClient
 from ..kube.writer import ApiWriter, WriterSettings
 from ..metrics.app import Checker, MetricsApp, NoCluster
 from ..metrics.auth import Authorizer, AuthSettings
@@ -45,6 +48,7 @@ from ..metrics.gangs import GangTracker
 from ..metrics.registry import Metrics
 from ..reconcile.reconciler import CONTROLLER, Reconciler, ReconcilerSettings
 from ..reconcile.status import StatusWriter
+from ..tls.policy import TlsPolicy
 from ..tls.reload import ReloadingContext
 from .app import Limits, Readiness, admission_app, health_app
 from .certificates import Certificates, CertSettings, certificates
@@ -54,6 +58,7 @@ from .servers import MAX_HEADER_BYTES, QuietServer, server
 
 log = logging.getLogger("webhook.serve")
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+SERVICE_ACCOUNT_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
 
 
 @dataclass(frozen=True)
@@ -86,6 +91,9 @@ class Settings:
     cert_dir: Path = Path("certs")
     kubeconfig: str | None = None
     namespace: str = ""  # the service's own (the Lease's); empty: the pod's, else "default"
+    # The username the service's API requests carry: only it may write a TrainJob's runtime
+    # snapshot. Empty: the pod's ServiceAccount (from its token), else no one (see own_username).
+    service_account: str = ""
     cert_poll_seconds: float = 5.0
     header_timeout: float = 10.0  # a request's headers must arrive within this (slowloris)
     max_header_bytes: int = MAX_HEADER_BYTES  # larger header sections get 431
@@ -98,6 +106,7 @@ class Settings:
     limits: Limits = field(default_factory=Limits)
     reconcile: ReconcileSettings = field(default_factory=ReconcileSettings)
     certs: CertSettings = field(default_factory=CertSettings)  # files (cert_dir) or self-managed
+    tls: TlsPolicy = field(default_factory=TlsPolicy)  # what the TLS listeners accept
     schedulers: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: {})
     """Scheduler names per gang backend; a backend not named keeps its defaults."""
     backends: tuple[str, ...] | None = None  # the gang backends to run; None: all
@@ -242,6 +251,23 @@ def own_namespace(configured: str, environ: Mapping[str, str] | None = None) -> 
     return "default"
 
 
+def own_username(configured: str, token: Path = SERVICE_ACCOUNT_TOKEN) -> str:
+    """--service-account, else the ServiceAccount of the pod the service runs in (its token's
+    `sub` claim, `system:serviceaccount:<namespace>:<name>`), else empty: outside a pod the
+    service cannot know whom the kubeconfig authenticates, so no one may write a snapshot."""
+    if configured:
+        return configured
+    try:
+        payload = token.read_text().strip().split(".")[1]
+        claims = orjson.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    except (OSError, IndexError, ValueError):  # no token, or not a JWT (orjson's error is one)
+        return ""
+    subject = claims.get("sub") if isinstance(claims, dict) else None
+    if isinstance(subject, str) and subject.startswith("system:serviceaccount:"):
+        return subject
+    return ""
+
+
 def identity(environ: Mapping[str, str] | None = None) -> str:
     """This replica's name in the Lease and in Events: the pod name, made unique per start."""
     env = os.environ if environ is None else environ
@@ -327,6 +353,12 @@ def background(
     return jobs
 
 
+def count_requests(api: MeteredApiClient, metrics: Metrics) -> None:
+    """Every request `api` makes counted in `trainjob_scheduling_api_requests_total`."""
+    requests = metrics.api_requests
+    api.on_answer = lambda verb, code: requests.labels(verb=verb, code=code).inc()
+
+
 def lease_settings(settings: Settings, identity: str) -> LeaseSettings:
     r = settings.reconcile
     try:
@@ -370,10 +402,24 @@ async def serve(settings: Settings) -> None:
             await close()
         raise
     tls = certs.tls
+    if isinstance(api, MeteredApiClient):
+        count_requests(api, metrics)
     cache = Cache(connected=api is not None, backends=backends)
     cache.feasibility.mode = settings.feasibility
     if api is not None:
         cache.trainjob_lookup = TrainJobLookup(api_ask(api))
+    cache.service_username = own_username(settings.service_account)
+    if cache.service_username:
+        log.info(
+            "runtime snapshots are written only by this service",
+            extra={"fields": {"username": cache.service_username}},
+        )
+    elif api is not None:  # (without a cluster no API server sends reviews from it)
+        log.warning(
+            "no --service-account and no pod ServiceAccount token: the TrainJob webhook denies "
+            "every write of the runtime snapshot, this service's own included (set "
+            "--service-account to the username the kubeconfig authenticates as)"
+        )
     GangTracker(metrics, cache)
     FeasibilityCollector(metrics, cache)
     authorizer: Checker | None = None
@@ -410,7 +456,12 @@ def serving_certificate(
     """From --cert-dir, or self-managed in a Secret (see `certificates.py`)."""
     try:
         return certificates(
-            settings.cert_dir, settings.certs, api, own_namespace(settings.namespace), metrics
+            settings.cert_dir,
+            settings.certs,
+            api,
+            own_namespace(settings.namespace),
+            metrics,
+            settings.tls,
         )
     except ValueError as err:
         raise StartupError(f"certificates: {err}") from None

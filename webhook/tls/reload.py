@@ -19,18 +19,12 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 
 from .certs import expiry
+from .policy import TlsPolicy, server_context
 
 if TYPE_CHECKING:
     from ..metrics.registry import Metrics
 
 log = logging.getLogger("webhook.tls")
-
-
-def server_context() -> ssl.SSLContext:
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.set_alpn_protocols(["http/1.1"])
-    return ctx
 
 
 class ReloadingContext:
@@ -41,13 +35,15 @@ class ReloadingContext:
         metrics: Metrics | None = None,
         ca_file: Path | None = None,
         missing_ok: bool = False,
+        policy: TlsPolicy | None = None,
     ) -> None:
         self.cert_file = cert_file
         self.key_file = key_file
         self.ca_file = ca_file  # where the issuing CA is, if anywhere: only for its expiry metric
         self.missing_ok = missing_ok  # files not written yet are no problem (self-managed)
         self.metrics = metrics  # counts reads as controller-runtime's certwatcher does
-        self.context = server_context()  # the one uvicorn holds
+        self.policy = policy or TlsPolicy()
+        self.context = server_context(self.policy)  # the one uvicorn holds
         self.context.sni_callback = self._choose
         self.current: ssl.SSLContext | None = None
         self.expires_at: datetime | None = None
@@ -76,7 +72,7 @@ class ReloadingContext:
         if digest == self._digest:
             return False
         try:
-            fresh = server_context()
+            fresh = server_context(self.policy)
             fresh.load_cert_chain(self.cert_file, self.key_file)
             expires = expiry(cert)
             if self._read()[1] != digest:  # changed while loading: judge it next time

@@ -26,6 +26,18 @@ characters, so <name>-metrics-reader and the like stay within 63. */}}
 {{- default (include "tjs.name" .) .Values.serviceAccount.name -}}
 {{- end -}}
 
+{{/* The username the API server gives the service's requests: the only writer of snapshots. */}}
+{{- define "tjs.serviceAccountUsername" -}}
+{{- printf "system:serviceaccount:%s:%s" .Release.Namespace (include "tjs.serviceAccountName" .) -}}
+{{- end -}}
+
+{{/* CEL: true (call the TrainJob webhook) unless the request is an UPDATE whose only change
+is spec.suspend. Metadata other than labels and annotations (resourceVersion, managedFields,
+finalizers) is not compared: the webhook judges none of it. */}}
+{{- define "tjs.notOnlySuspend" -}}
+request.operation != 'UPDATE' || !has(object.spec) || !has(oldObject.spec) || (has(object.metadata.annotations) ? object.metadata.annotations : {}) != (has(oldObject.metadata.annotations) ? oldObject.metadata.annotations : {}) || (has(object.metadata.labels) ? object.metadata.labels : {}) != (has(oldObject.metadata.labels) ? oldObject.metadata.labels : {}) || object.spec.exists(k, k != 'suspend' && (!(k in oldObject.spec) || object.spec[k] != oldObject.spec[k])) || oldObject.spec.exists(k, k != 'suspend' && !(k in object.spec))
+{{- end -}}
+
 {{- define "tjs.chartLabel" -}}
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
@@ -54,9 +66,20 @@ app.kubernetes.io/part-of: trainjob-scheduling
 {{- end -}}
 {{- end -}}
 
-{{/* The namespaces no namespaced webhook is called for: the configured ones and the release's. */}}
+{{/* The namespaces the namespaced webhooks are called for: only the watched ones (when
+serve.watchNamespaces lists them), only labelled ones (webhooks.namespaceLabel), and never the
+excluded ones or the release's own. The selectors AND together. */}}
 {{- define "tjs.namespaceSelector" -}}
+{{- with .Values.webhooks.namespaceLabel }}
+matchLabels:
+  {{ .key | toJson }}: {{ .value | toJson }}
+{{- end }}
 matchExpressions:
+{{- with .Values.serve.watchNamespaces }}
+- key: kubernetes.io/metadata.name
+  operator: In
+  values: {{ uniq . | toJson }}
+{{- end }}
 - key: kubernetes.io/metadata.name
   operator: NotIn
   values: {{ uniq (append .Values.webhooks.excludeNamespaces .Release.Namespace) | toJson }}
@@ -84,6 +107,7 @@ matchExpressions:
 {{- define "tjs.args" -}}
 {{- $s := .Values.serve -}}
 - --namespace={{ .Release.Namespace }}
+- --service-account={{ include "tjs.serviceAccountUsername" . }}
 - --port={{ .Values.ports.webhook }}
 - --metrics-port={{ .Values.ports.metrics }}
 - --health-port={{ .Values.ports.health }}
@@ -105,6 +129,10 @@ matchExpressions:
 - --shutdown-timeout={{ $s.shutdownTimeoutSeconds }}
 - --connection-max-requests={{ $s.connectionMaxRequests }}
 - --connection-max-age={{ $s.connectionMaxAgeSeconds }}
+- --tls-min-version={{ $s.tlsMinVersion }}
+{{- with $s.tlsCipherSuites }}
+- --tls-cipher-suites={{ join "," . }}
+{{- end }}
 {{- with $s.watchNamespaces }}
 - --watch-namespaces={{ join "," . }}
 {{- end }}
@@ -163,4 +191,57 @@ resources:
   {{- toYaml .Values.tests.resources | nindent 2 }}
 securityContext:
   {{- toYaml .Values.securityContext | nindent 2 }}
+{{- end -}}
+
+{{/* The service's rules on namespaced resources: in its ClusterRole, or with
+serve.watchNamespaces in a Role of each watched namespace (templates/rbac.yaml). */}}
+{{- define "tjs.namespacedRules" -}}
+# The webhooks' cache (list + watch); patch: the runtime snapshot annotation; get: whether the
+# TrainJob of a JobSet pod the cache has not seen yet exists (hold the pod, or let it through).
+- apiGroups: [trainer.kubeflow.org]
+  resources: [trainjobs]
+  verbs: [get, list, watch, patch]
+- apiGroups: [trainer.kubeflow.org]
+  resources: [trainingruntimes]
+  verbs: [list, watch]
+# The GangScheduling condition: server-side apply on the status subresource.
+- apiGroups: [trainer.kubeflow.org]
+  resources: [trainjobs/status]
+  verbs: [patch]
+# blockOwnerDeletion on the Workloads' and PodGroups' ownerReferences to their TrainJob.
+- apiGroups: [trainer.kubeflow.org]
+  resources: [trainjobs/finalizers]
+  verbs: [update]
+# Gang health after admission: JobSet's pods, counted per Job (never kept whole).
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [list, watch]
+# The reconciler's objects, per gang backend run (and the gang metrics' watch of them).
+{{- if has "native" .Values.serve.backends }}
+- apiGroups: [scheduling.k8s.io]
+  resources: [workloads, podgroups]
+  verbs: [list, watch, create, patch, delete]
+# Gangs of gangs (multi-level runtimes); immutable, so made again rather than patched.
+- apiGroups: [scheduling.k8s.io]
+  resources: [compositepodgroups]
+  verbs: [list, watch, create, delete]
+{{- end }}
+{{- if has "coscheduling" .Values.serve.backends }}
+- apiGroups: [scheduling.x-k8s.io]
+  resources: [podgroups]
+  verbs: [list, watch, create, patch, delete]
+{{- end }}
+{{- if has "volcano" .Values.serve.backends }}
+- apiGroups: [scheduling.volcano.sh]
+  resources: [podgroups]
+  verbs: [list, watch, create, patch, delete]
+{{- end }}
+{{- if has "kai" .Values.serve.backends }}
+- apiGroups: [scheduling.run.ai]
+  resources: [podgroups]
+  verbs: [list, watch, create, patch, delete]
+{{- end }}
+- apiGroups: [events.k8s.io]
+  resources: [events]
+  verbs: [create]
 {{- end -}}
