@@ -342,7 +342,8 @@ def webhooks_page() -> str:
 RBAC_WHY = {
     ("trainer.kubeflow.org", "trainjobs"): "the webhooks' cache (list + watch); `patch`: the "
     "runtime snapshot annotation, which only this ServiceAccount may write (the TrainJob webhook "
-    "denies anyone else's; [why](../concepts/tenancy.md))",
+    "denies anyone else's; [why](../concepts/tenancy.md)); `get`: whether the TrainJob of a "
+    "JobSet pod the cache lacks exists ([lifecycle](../concepts/lifecycle.md))",
     ("trainer.kubeflow.org", "trainingruntimes"): "the webhooks' cache",
     ("trainer.kubeflow.org", "clustertrainingruntimes"): "the webhooks' cache",
     ("trainer.kubeflow.org", "trainjobs/finalizers"): "`blockOwnerDeletion` on the gang "

@@ -654,7 +654,7 @@ CONFIGS = ("mutatingwebhookconfigurations", "validatingwebhookconfigurations")
 def cluster_self(backends: tuple[str, ...]) -> set[tuple[str, str, str, str]]:
     """The ClusterRole the service's account gets when the chart runs `backends`."""
     return {
-    *((TRAINER, "trainjobs", v, "") for v in ("list", "watch", "patch")),
+    *((TRAINER, "trainjobs", v, "") for v in ("get", "list", "watch", "patch")),
     *((TRAINER, r, v, "") for r in RUNTIMES for v in ("list", "watch")),
     (TRAINER, "trainjobs/finalizers", "update", ""),
     (TRAINER, "trainjobs/status", "patch", ""),  # the GangScheduling condition
@@ -937,9 +937,10 @@ def test_the_untied_and_held_alerts_fire_when_they_should(tmp_path: Path) -> Non
     sel = f'job="{BASE}", namespace="{NAMESPACE}"'
 
     def fired(name: str, summary: str, **labels: str) -> Json:
-        description = rules[name]["annotations"]["description"]
+        annotations = rules[name]["annotations"]
         return {"exp_labels": {"severity": "warning", **labels},
-                "exp_annotations": {"summary": summary, "description": description}}  # fmt: skip
+                "exp_annotations": {"summary": summary, "description": annotations["description"],
+                                    "runbook_url": annotations["runbook_url"]}}  # fmt: skip
 
     untied = "1 TrainJobs with a gang have pods without its schedulingGroup."
     held = "TrainJob pods have been held for 15 minutes (NotFrozen)."

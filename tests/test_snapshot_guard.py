@@ -45,9 +45,9 @@ def real_snapshot() -> str:
 
 def forged_snapshot() -> str:
     """The same runtime, its required topology dropped: a tenant's cheaper gang."""
-    runtime = orjson.loads(real_snapshot())
-    del runtime["spec"]["scheduling"]["schedulingConstraints"]
-    return orjson.dumps(runtime).decode()
+    frozen = orjson.loads(real_snapshot())
+    del frozen["runtime"]["spec"]["scheduling"]["schedulingConstraints"]
+    return orjson.dumps(frozen).decode()
 
 
 def annotated(obj: dict[str, Any], value: str | None) -> dict[str, Any]:
