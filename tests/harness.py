@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import inspect
 import json
 import os
 import random
@@ -17,17 +18,19 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
 
+from webhook.admission.review import Decision
 from webhook.core.fields import parse
 from webhook.core.snapshot import PLAN_VERSION, SNAPSHOT_ANNOTATION, snapshot, snapshot_of
 from webhook.core.trainer import TrainJob
 from webhook.kube.cache import Cache
+from webhook.kube.lookup import TrainJobLookup
 from webhook.server.app import Limits
 from webhook.server.reviewlog import ReviewLog
 from webhook.server.run import Service, Settings
@@ -120,6 +123,33 @@ def freeze(
 
 
 T = TypeVar("T")
+
+
+def decided(answer: Decision | Awaitable[Decision]) -> Decision:
+    """A handler's decision, awaited when the pod webhook asked the API server (`TrainJobLookup`)
+    for a TrainJob its cache lacks."""
+    if not inspect.isawaitable(answer):
+        return answer
+
+    async def wait() -> Decision:
+        return await answer
+
+    return asyncio.run(wait())
+
+
+def answering_lookup(
+    existing: Iterable[tuple[str, str]] = (),
+) -> tuple[TrainJobLookup, list[tuple[str, str]]]:
+    """A `TrainJobLookup` as the service makes it, asking an API server that holds the TrainJobs
+    `existing` (namespace, name) and no other; and the list of what it was asked."""
+    held = frozenset(existing)
+    asked: list[tuple[str, str]] = []
+
+    async def ask(namespace: str, name: str) -> bool:
+        asked.append((namespace, name))
+        return (namespace, name) in held
+
+    return TrainJobLookup(ask), asked
 
 
 class OnLoop:
