@@ -23,8 +23,8 @@ import orjson
 import pytest
 import yaml
 
-from tests.builders import Json, rj, runtime, torch_node, trainjob
-from tests.harness import fixture, running_server
+from tests.builders import TRAINJOB_UID, Json, rj, runtime, torch_node, trainjob
+from tests.harness import fixture, frozen, running_server
 from tests.kube_emulator import (
     CLUSTER_RUNTIMES,
     TRAINJOBS,
@@ -40,7 +40,6 @@ from tests.test_reconciler import (
     NAME,
     NS,
     UPDATE,
-    WORKLOAD,
     cluster_runtime,
     events,
     objects,
@@ -50,6 +49,7 @@ from tests.test_reconciler import (
 from tests.test_reconciler import trainjob as stored_trainjob
 from webhook.backends.native import NativeBackend
 from webhook.backends.registry import Backends, default_backends
+from webhook.core import naming
 from webhook.core.plan import build_plan
 from webhook.core.trainer import Runtime, TrainJob
 from webhook.core.validation import validate_trainjob
@@ -290,29 +290,43 @@ def pod_review(scheduler: str | None = None) -> Json:
 
 
 def pod_cache() -> Cache:
-    """The fixture pod's TrainJob (team-a/my-job) on a level-1 runtime, native API served."""
+    """The fixture pod's TrainJob (team-a/my-job, frozen) on a level-1 runtime, native API
+    served."""
     cache = Cache(connected=True)
     cache.cluster_runtimes.replace([cluster_runtime("torch-distributed")])
     tj = stored_trainjob("my-job")
-    tj["metadata"]["uid"] = "cc796b1d-9ea6-4b50-811c-c860fd20eaa5"
-    cache.trainjobs.replace([tj])
+    tj["metadata"]["uid"] = TRAINJOB_UID
+    cache.trainjobs.replace([frozen(cache, tj)])
     cache.training_runtimes.replace([])
     cache.apis["native"] = "served"
     return cache
 
 
+def held_because(response: Json) -> str:
+    """Why a pod's creation was denied to hold it (design 26: held, never admitted loose)."""
+    assert response["allowed"] is False and "patch" not in response, response
+    assert (response["status"]["code"], response["status"]["reason"]) == (403, "Forbidden")
+    message: str = response["status"]["message"]
+    prefix = "SchedulingBlocked: the pod is held until it can join its TrainJob's gang: "
+    assert message.startswith(prefix), message
+    return message.removeprefix(prefix)
+
+
 def test_a_pod_naming_another_scheduler_than_its_gangs_is_not_tied(tmp_path: Path) -> None:
+    # Not tied, and not let through loose either: held until its Job makes it right.
     cache = pod_cache()
     with running_server(cache, tmp_path / "certs") as srv, srv.client() as client:
         tied = client.post(POD_PATH, content=orjson.dumps(pod_review())).json()["response"]
-        assert "patch" in tied
+        assert tied["allowed"] is True and "patch" in tied
         other = client.post(POD_PATH, content=orjson.dumps(pod_review("volcano"))).json()
-        assert "patch" not in other["response"]
-        (warning,) = other["response"]["warnings"]
-        assert warning.startswith("not tied to a gang: the pod names the scheduler 'volcano'")
+        assert held_because(other["response"]).startswith(
+            "it names the scheduler 'volcano', its gang is for 'default-scheduler'"
+        )
         cache.apis["native"] = "not-served"
         unserved = client.post(POD_PATH, content=orjson.dumps(pod_review())).json()
-        assert "patch" not in unserved["response"] and "warnings" not in unserved["response"]
+        assert held_because(unserved["response"]).startswith(
+            "the gang API scheduling.k8s.io/v1beta1 is not served"
+        )
 
 
 # --- living beside other controllers -----------------------------------------------------------
@@ -334,6 +348,11 @@ def hand_made_workload(owner_uid: str) -> Json:
         },
         "spec": {"podGroupTemplates": [{"name": "t", "schedulingPolicy": {"basic": {}}}]},
     }  # fmt: skip
+
+
+def workload_of(trainjob: Json) -> str:
+    """The Workload of a TrainJob the reconciler froze (plan version 2: named by its uid)."""
+    return naming.workload_name(NS, trainjob["metadata"]["name"], trainjob["metadata"]["uid"])
 
 
 @pytest.mark.asyncio
@@ -359,7 +378,7 @@ async def test_another_controllers_gang_objects_make_the_service_stand_down() ->
         assert len(events(w.k, "StandingDown")) == passes <= 3
         value = metrics.registry.get_sample_value("trainjob_scheduling_trainjobs_stood_down")
         assert value == 1.0
-        assert stored(w.k, WORKLOADS, WORKLOAD) is None
+        assert stored(w.k, WORKLOADS, workload_of(tj)) is None
 
 
 @pytest.mark.asyncio
@@ -375,7 +394,7 @@ async def test_objects_of_ours_no_longer_in_the_plan_go_and_others_stay() -> Non
             "app.kubernetes.io/managed-by": "trainjob-scheduling-webhook"
         }
         await create(w.k, WORKLOADS, ours_stale)
-        await eventually(lambda: stored(w.k, WORKLOADS, WORKLOAD), "our Workload")
+        await eventually(lambda: stored(w.k, WORKLOADS, workload_of(tj)), "our Workload")
         await eventually(lambda: stored(w.k, WORKLOADS, "stale-of-ours") is None, "stale gone")
 
 
@@ -388,6 +407,7 @@ def test_a_stood_down_trainjobs_pods_are_not_tied(tmp_path: Path) -> None:
         **hand_made_workload(uid)["metadata"], "uid": "theirs"}}])  # fmt: skip
     with running_server(cache, tmp_path / "certs") as srv, srv.client() as client:
         response = client.post(POD_PATH, content=orjson.dumps(pod_review())).json()["response"]
+        assert response["allowed"] is True  # admitted without a group: another controller's
         assert "patch" not in response and "warnings" not in response
 
 
