@@ -47,6 +47,7 @@ from tests.test_reconciler import (
     world,
 )
 from tests.test_reconciler import trainjob as stored_trainjob
+from webhook.backends.base import Context
 from webhook.backends.native import NativeBackend
 from webhook.backends.registry import Backends, default_backends
 from webhook.core import naming
@@ -79,6 +80,86 @@ def test_the_backend_follows_the_scheduler_name_and_names_are_settings() -> None
 
 def plan_of(raw_runtime: Json, raw_trainjob: Json) -> Any:
     return build_plan(TrainJob.model_validate(raw_trainjob), Runtime.model_validate(raw_runtime))
+
+
+SAMPLE_PAIRS = [
+    ("torch-100-nodes.trainjob.yaml", "torch-distributed.runtime.yaml"),  # level 1
+    ("deepspeed-8-nodes.trainjob.yaml", "deepspeed-distributed.runtime.yaml"),  # level 2
+    ("torch-rack.trainjob.yaml", "torch-rack.runtime.yaml"),  # level 3
+]
+
+
+@pytest.mark.parametrize(
+    ("backend_name", "trainjob_file", "runtime_file"),
+    [
+        *[
+            (b, *pair)
+            for b in ("native", "coscheduling", "volcano", "kai")
+            for pair in SAMPLE_PAIRS
+        ],
+        ("native", "tpu-slices.trainjob.yaml", "tpu-slices.runtime.yaml"),  # a tree
+    ],
+)
+def test_every_backend_renders_plan_version_2_as_version_1_but_for_names_and_a_label(
+    backend_name: str, trainjob_file: str, runtime_file: str
+) -> None:
+    """A TrainJob frozen by an earlier release (plan version 1) keeps the names it was made
+    with; a new one's (version 2) carry its uid, and its objects say which version named them.
+    Nothing else differs: the objects' tests at version 1 speak for version 2 too."""
+    from tests.paths import SAMPLES
+
+    raw_trainjob = yaml.safe_load((SAMPLES / trainjob_file).read_text())
+    raw_trainjob["metadata"]["uid"] = TRAINJOB_UID
+    raw_runtime = yaml.safe_load((SAMPLES / runtime_file).read_text())
+    for job in raw_runtime["spec"]["template"]["spec"]["replicatedJobs"]:
+        pod = job["template"]["spec"].setdefault("template", {}).setdefault("spec", {})
+        pod["schedulerName"] = SCHEDULER_OF[backend_name]
+    tj, rt = TrainJob.model_validate(raw_trainjob), Runtime.model_validate(raw_runtime)
+    legacy, plan = build_plan(tj, rt, plan_version=1), build_plan(tj, rt)
+    assert legacy is not None and plan is not None
+    backends = default_backends()
+    backend = backends.named(backend_name)
+    assert backend is not None and backends.for_plan(plan) is backend
+    incarnation = TRAINJOB_UID
+    name = raw_trainjob["metadata"]["name"]
+    renamed = {legacy.workload_name: naming.workload_name(NS, name, incarnation)}
+    for old, new in zip(legacy.groups, plan.groups, strict=True):
+        # Templates live inside the one Workload and keep their names; a level-1 template is
+        # named as the Workload (and its PodGroup), and is renamed with it.
+        assert new.template_name == renamed.get(old.template_name, old.template_name)
+        if old.pod_group_name != legacy.workload_name:
+            renamed[old.pod_group_name] = naming.pod_group_name(
+                name, old.template_name, incarnation
+            )
+        assert new.pod_group_name == renamed[old.pod_group_name]
+    for old_c, new_c in zip(legacy.composites, plan.composites, strict=True):
+        if old_c.name != legacy.workload_name:  # the root is named as the Workload
+            qualified = naming.pod_group_name(name, old_c.template_name, incarnation)
+            renamed[old_c.name] = qualified
+        assert new_c.name == renamed[old_c.name]
+        assert new_c.template_name == renamed.get(old_c.template_name, old_c.template_name)
+    assert len(set(renamed.values())) == len(renamed)
+    assert not set(renamed) & set(renamed.values())
+
+    def as_version_2(obj: Any) -> Any:
+        if isinstance(obj, dict):
+            out = {k: as_version_2(v) for k, v in obj.items()}
+            if out.get("app.kubernetes.io/managed-by") == "trainjob-scheduling-webhook":
+                out["trainjob-scheduling.dev/plan-version"] = "2"  # the owner labels
+            return out
+        if isinstance(obj, list):
+            return [as_version_2(v) for v in obj]
+        return renamed.get(obj, obj) if isinstance(obj, str) else obj
+
+    uids = {("Workload", legacy.workload_name): "wl", ("Workload", plan.workload_name): "wl"}
+    old_objects = backend.render(legacy, Context(), uids)
+    new_objects = backend.render(plan, Context(), uids)
+    assert new_objects == as_version_2(old_objects)
+    for obj in new_objects:
+        assert obj["metadata"]["labels"]["trainjob-scheduling.dev/plan-version"] == "2"
+        assert obj["metadata"]["name"] in renamed.values()
+    for obj in old_objects:
+        assert "trainjob-scheduling.dev/plan-version" not in obj["metadata"]["labels"]
 
 
 def test_a_trainjob_runtime_patch_chooses_the_scheduler_of_its_pods() -> None:
