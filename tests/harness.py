@@ -137,6 +137,16 @@ def decided(answer: Decision | Awaitable[Decision]) -> Decision:
     return asyncio.run(wait())
 
 
+def held_because(response: dict[str, Any]) -> str:
+    """Why a pod's creation was denied to hold it (design 26: held, never admitted loose)."""
+    assert response["allowed"] is False and "patch" not in response, response
+    assert (response["status"]["code"], response["status"]["reason"]) == (403, "Forbidden")
+    message: str = response["status"]["message"]
+    prefix = "SchedulingBlocked: the pod is held until it can join its TrainJob's gang: "
+    assert message.startswith(prefix), message
+    return message.removeprefix(prefix)
+
+
 def answering_lookup(
     existing: Iterable[tuple[str, str]] = (),
 ) -> tuple[TrainJobLookup, list[tuple[str, str]]]:

@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from tests import reference
 from tests.builders import TRAINJOB_UID, Json, rj, runtime, torch_node, trainjob
 from tests.crd_schema import crd_errors
-from tests.harness import frozen, running_server, webhook_path
+from tests.harness import frozen, held_because, running_server, webhook_path
 from tests.kube_emulator import (
     CLUSTER_RUNTIMES,
     POD_GROUPS,
@@ -43,7 +43,7 @@ from tests.kube_emulator import (
     patch,
 )
 from tests.paths import SAMPLES
-from tests.test_backends import held_because, pod_review, review
+from tests.test_backends import pod_review, review
 from tests.test_informer import serving
 from tests.test_properties import runtimes, trainjobs
 from tests.test_reconciler import (

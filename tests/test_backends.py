@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from tests.builders import TRAINJOB_UID, Json, rj, runtime, torch_node, trainjob
-from tests.harness import fixture, frozen, running_server
+from tests.harness import fixture, frozen, held_because, running_server
 from tests.kube_emulator import (
     CLUSTER_RUNTIMES,
     TRAINJOBS,
@@ -381,16 +381,6 @@ def pod_cache() -> Cache:
     cache.training_runtimes.replace([])
     cache.apis["native"] = "served"
     return cache
-
-
-def held_because(response: Json) -> str:
-    """Why a pod's creation was denied to hold it (design 26: held, never admitted loose)."""
-    assert response["allowed"] is False and "patch" not in response, response
-    assert (response["status"]["code"], response["status"]["reason"]) == (403, "Forbidden")
-    message: str = response["status"]["message"]
-    prefix = "SchedulingBlocked: the pod is held until it can join its TrainJob's gang: "
-    assert message.startswith(prefix), message
-    return message.removeprefix(prefix)
 
 
 def test_a_pod_naming_another_scheduler_than_its_gangs_is_not_tied(tmp_path: Path) -> None:
