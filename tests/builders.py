@@ -8,6 +8,10 @@ from webhook.core.trainer import ANCESTOR_LABEL, Runtime, TrainJob
 
 Json = dict[str, Any]
 
+# The uid of the captured TrainJob team-a/my-job (tests/fixtures), the builders' default: plan
+# version 2 qualifies gang names by it (webhook/core/naming.py).
+TRAINJOB_UID = "cc796b1d-9ea6-4b50-811c-c860fd20eaa5"
+
 
 def rj(
     name: str,
@@ -78,7 +82,7 @@ def trainjob(
     runtime_name: str = "rt",
     runtime_kind: str | None = None,
     num_nodes: int | None = None,
-    uid: str | None = "cc796b1d-9ea6-4b50-811c-c860fd20eaa5",
+    uid: str | None = TRAINJOB_UID,
 ) -> Json:
     ref: Json = {"name": runtime_name}
     if runtime_kind:

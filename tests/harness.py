@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
+import inspect
 import json
 import os
 import random
@@ -16,14 +18,19 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
 
+from webhook.admission.review import Decision
+from webhook.core.fields import parse
+from webhook.core.snapshot import PLAN_VERSION, SNAPSHOT_ANNOTATION, snapshot, snapshot_of
+from webhook.core.trainer import TrainJob
 from webhook.kube.cache import Cache
+from webhook.kube.lookup import TrainJobLookup
 from webhook.server.app import Limits
 from webhook.server.reviewlog import ReviewLog
 from webhook.server.run import Service, Settings
@@ -51,8 +58,10 @@ def fixture_names() -> list[str]:
     return sorted(p.name for p in FIXTURES.glob("*.json"))
 
 
-def fixture_cache() -> Cache:
-    """A connected, synced cache holding what the cluster held when the fixtures were taken."""
+def fixture_cache(plan_version: int = 2) -> Cache:
+    """A connected, synced cache holding what the cluster held when the fixtures were taken,
+    its TrainJob frozen by the reconciler (`plan_version` 1: by a release before plan
+    versions, whose gang has the legacy names of was-api.md section 4)."""
     cache = Cache(connected=True)
     stores = {
         "TrainJob": cache.trainjobs,
@@ -65,10 +74,92 @@ def fixture_cache() -> Cache:
         items[obj["kind"]].append(obj)
     for kind, store in stores.items():
         store.replace(items[kind])
+    freeze(cache, plan_version=plan_version)  # as by the time the fixtures' pods were created
+    cache.apis["native"] = "served"  # the cluster served scheduling.k8s.io/v1beta1 (discovery)
     return cache
 
 
+def frozen(cache: Cache, trainjob: dict[str, Any], plan_version: int = 2) -> dict[str, Any]:
+    """Raw `trainjob` with its runtime frozen into it as the reconciler freezes it when it first
+    sees it (`Reconciler._take_snapshot`): the annotation `SNAPSHOT_ANNOTATION` with
+    `snapshot()` of the runtime the cache holds now. Unchanged (a copy) when the reconciler
+    would leave it alone: its runtime is not in the cache, has no spec.scheduling or is
+    invalid. The pod webhook plans only frozen TrainJobs and holds the pods of the others.
+    `plan_version=1` writes what releases before plan versions wrote (the bare runtime JSON),
+    whose gangs keep the legacy names of was-api.md section 4."""
+    out = copy.deepcopy(trainjob)
+    parsed, _ = parse(TrainJob, trainjob)
+    if parsed is None:
+        return out
+    checked = cache.runtime(
+        parsed.runtime_kind, parsed.namespace, parsed.spec.runtime_ref.name or ""
+    )
+    if checked is None or checked.layout is None or not checked.verdict.allowed:
+        return out
+    meta = out.setdefault("metadata", {})
+    annotations = meta.get("annotations") or {}
+    text = snapshot(checked.runtime)
+    if plan_version == 1:
+        text = json.dumps(json.loads(text)["runtime"], separators=(",", ":"))
+    else:
+        assert plan_version == PLAN_VERSION, f"this release writes no plan version {plan_version}"
+    meta["annotations"] = {**annotations, SNAPSHOT_ANNOTATION: text}
+    return out
+
+
+def freeze(
+    cache: Cache, namespace: str | None = None, name: str | None = None, plan_version: int = 2
+) -> None:
+    """Freezes the cache's TrainJobs (all of them, or those of `namespace`, or one) as
+    `frozen` does, as the watch brings them back after the reconciler's write; one already
+    frozen keeps its snapshot (the reconciler never takes a second one)."""
+    for (ns, tj_name), entry in cache.trainjobs.items():
+        if namespace not in (None, ns) or name not in (None, tj_name):
+            continue
+        if snapshot_of(entry.raw) is None:
+            again = frozen(cache, entry.raw, plan_version)
+            if snapshot_of(again) is not None:
+                cache.trainjobs.apply("MODIFIED", again)
+
+
 T = TypeVar("T")
+
+
+def decided(answer: Decision | Awaitable[Decision]) -> Decision:
+    """A handler's decision, awaited when the pod webhook asked the API server (`TrainJobLookup`)
+    for a TrainJob its cache lacks."""
+    if not inspect.isawaitable(answer):
+        return answer
+
+    async def wait() -> Decision:
+        return await answer
+
+    return asyncio.run(wait())
+
+
+def held_because(response: dict[str, Any]) -> str:
+    """Why a pod's creation was denied to hold it (design 26: held, never admitted loose)."""
+    assert response["allowed"] is False and "patch" not in response, response
+    assert (response["status"]["code"], response["status"]["reason"]) == (403, "Forbidden")
+    message: str = response["status"]["message"]
+    prefix = "SchedulingBlocked: the pod is held until it can join its TrainJob's gang: "
+    assert message.startswith(prefix), message
+    return message.removeprefix(prefix)
+
+
+def answering_lookup(
+    existing: Iterable[tuple[str, str]] = (),
+) -> tuple[TrainJobLookup, list[tuple[str, str]]]:
+    """A `TrainJobLookup` as the service makes it, asking an API server that holds the TrainJobs
+    `existing` (namespace, name) and no other; and the list of what it was asked."""
+    held = frozenset(existing)
+    asked: list[tuple[str, str]] = []
+
+    async def ask(namespace: str, name: str) -> bool:
+        asked.append((namespace, name))
+        return (namespace, name) in held
+
+    return TrainJobLookup(ask), asked
 
 
 class OnLoop:

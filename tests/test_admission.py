@@ -24,11 +24,12 @@ import pytest
 import yaml
 
 from webhook.admission.routes import WEBHOOKS
+from webhook.core import naming
 from webhook.kube.cache import Cache
 from webhook.server.logs import json_handler
 from webhook.server.reviewlog import FLUSH_AFTER, FLUSH_BYTES, ReviewLog
 
-from .builders import rj, runtime
+from .builders import TRAINJOB_UID, rj, runtime
 from .harness import (
     RunningServer,
     fixture,
@@ -40,8 +41,11 @@ from .harness import (
 from .paths import SAMPLES
 
 PATHS = {w.path for w in WEBHOOKS}
-# was-api §4: the level-1 Workload, template and PodGroup of team-a/my-job share one name.
-MY_JOB_GROUP = "my-job-f438be8c51"
+# was-api §4: the level-1 Workload, template and PodGroup of team-a/my-job share one name: for
+# a TrainJob this release froze (plan version 2), one qualified by its uid...
+MY_JOB_GROUP = naming.workload_name("team-a", "my-job", TRAINJOB_UID)
+# ... and the documented one for a TrainJob an earlier release froze (plan version 1).
+LEGACY_GROUP = "my-job-f438be8c51"
 POD_PATCH = [
     {"op": "add", "path": "/spec/schedulingGroup", "value": {"podGroupName": MY_JOB_GROUP}}
 ]
@@ -166,6 +170,21 @@ def test_pod_patch_puts_every_pod_of_the_job_in_the_group(client: httpx.Client) 
     patched = jsonpatch.apply_patch(pod, patch_of(send(client, "/mutate--v1-pod", review)) or [])
     assert patched["spec"]["schedulingGroup"] == {"podGroupName": MY_JOB_GROUP}
     assert {k: v for k, v in patched["spec"].items() if k != "schedulingGroup"} == pod["spec"]
+
+
+def test_pods_of_a_trainjob_an_earlier_release_froze_keep_its_gangs_names(tmp_path: Path) -> None:
+    # An upgrade renames no running gang: the captured pods get the documented name.
+    assert MY_JOB_GROUP != LEGACY_GROUP
+    with (
+        running_server(fixture_cache(plan_version=1), tmp_path) as srv,
+        srv.client() as client,
+    ):
+        tied = [name for name, patch in EXPECTED_PATCHES.items() if patch == POD_PATCH]
+        assert len(tied) == 6
+        for name in tied:
+            review = fixture(name)
+            ops = patch_of(send(client, path_for(name, review), review))
+            assert ops == [{**POD_PATCH[0], "value": {"podGroupName": LEGACY_GROUP}}], name
 
 
 def test_dry_run_gets_the_same_answer(client: httpx.Client) -> None:

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from tests import reference
 from tests.builders import Json, parsed, rj, runtime, trainjob
 from tests.crd_schema import crd_errors
-from tests.harness import fixture, running_server, webhook_path
+from tests.harness import fixture, frozen, held_because, running_server, webhook_path
 from tests.kube_emulator import (
     CLUSTER_RUNTIMES,
     TRAINJOBS,
@@ -39,7 +39,7 @@ from tests.kube_emulator import (
 from tests.test_properties import _num_nodes, _plan, runtimes, trainjobs
 from tests.test_reconciler import events, objects, stored, uid, world
 from webhook.admission.handlers import mutate_pod_review
-from webhook.admission.review import Review
+from webhook.admission.review import Decision, Review
 from webhook.backends.base import Context, GangStatus
 from webhook.backends.coscheduling import (
     POD_GROUP,
@@ -50,6 +50,7 @@ from webhook.backends.coscheduling import (
     pod_group_status,
 )
 from webhook.backends.registry import default_backends
+from webhook.core import naming
 from webhook.core.plan import Plan, build_plan
 from webhook.core.resources import parse
 from webhook.core.validation import validate_runtime, validate_trainjob
@@ -61,7 +62,10 @@ CRD = "scheduling.x-k8s.io_podgroups.yaml"
 PLUGINS, SLURM = "scheduler-plugins-scheduler", "slurm-bridge-scheduler"
 ZONE = "topology.kubernetes.io/zone"
 NS, NAME = "team-a", "my-job"
-GANG = "my-job-node-eval-00872d903f"  # the plan's name for the [node, eval] gang of my-job
+GANG_TEMPLATE = "node-eval-00872d903f"  # the [node, eval] gang's template in my-job's Workload
+LEGACY_GANG = "my-job-node-eval-00872d903f"  # its PodGroup as earlier releases named it (v1)
+# Its PodGroup's name for gpu_trainjob() (uid "uid-my-job"), as this release names it (v2).
+GANG = naming.pod_group_name(NAME, GANG_TEMPLATE, "uid-my-job")
 REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 PODGROUPS = kmock.resource("scheduling.x-k8s.io", "v1alpha1", "podgroups")
 CREATE, UPDATE, DELETE = kmock.action.CREATE, kmock.action.UPDATE, kmock.action.DELETE
@@ -125,9 +129,10 @@ def plan_of(raw_runtime: Json, raw_trainjob: Json) -> Plan:
     return plan
 
 
-def gang_name(trainjob_name: str) -> str:
+def gang_name(trainjob_name: str, trainjob_uid: str | None = None) -> str:
     """The plan's name for the [node, eval] gang of a TrainJob of gpu_runtime()."""
-    group = plan_of(gpu_runtime(), gpu_trainjob(trainjob_name)).group_for("node", 0)
+    tj = gpu_trainjob(trainjob_name, uid=trainjob_uid)
+    group = plan_of(gpu_runtime(), tj).group_for("node", 0)
     assert group is not None
     return group.pod_group_name
 
@@ -144,8 +149,9 @@ def expected_pod_group(tj: Json, resources: Json = MIN_RESOURCES) -> Json:
         "kind": "PodGroup",
         "metadata": {
             "labels": {"app.kubernetes.io/managed-by": "trainjob-scheduling-webhook",
-                       "trainer.kubeflow.org/trainjob-name": NAME},
-            "name": GANG,
+                       "trainer.kubeflow.org/trainjob-name": NAME,
+                       "trainjob-scheduling.dev/plan-version": "2"},
+            "name": naming.pod_group_name(NAME, GANG_TEMPLATE, tj["metadata"]["uid"]),
             "namespace": NS,
             "ownerReferences": [owner(tj)],
         },
@@ -160,9 +166,15 @@ def test_one_pod_group_per_gang_with_min_resources_worked_out_by_hand() -> None:
     tj = gpu_trainjob()
     plan = plan_of(gpu_runtime(), tj)
     assert [g.pod_group_name for g in plan.groups if g.policy == "gang"] == [GANG]
+    assert [g.template_name for g in plan.groups if g.policy == "gang"] == [GANG_TEMPLATE]
     objs = CoschedulingBackend().render(plan, Context())
     assert objs == [expected_pod_group(tj)]
     assert crd_errors(objs[0], CRD) == []
+    # A TrainJob frozen by an earlier release keeps the name its PodGroup was made with.
+    rt, parsed_tj = parsed(gpu_runtime(), tj)
+    legacy = build_plan(parsed_tj, rt, plan_version=1)
+    assert legacy is not None
+    assert [g.pod_group_name for g in legacy.groups if g.policy == "gang"] == [LEGACY_GANG]
 
 
 def test_without_resources_per_node_the_templates_requests_count() -> None:
@@ -478,9 +490,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[httpx.Cli
     cache = Cache(connected=True)
     cache.cluster_runtimes.replace([gpu_runtime(), gpu_runtime("cos-slurm", SLURM)])
     cache.training_runtimes.replace([])
-    cache.trainjobs.replace(
-        [gpu_trainjob(), gpu_trainjob("slurm-job", "cos-slurm"), gpu_trainjob("unserved")]
-    )
+    trainjobs = [gpu_trainjob(), gpu_trainjob("slurm-job", "cos-slurm"), gpu_trainjob("unserved")]
+    cache.trainjobs.replace([frozen(cache, tj) for tj in trainjobs])
     cache.apis["coscheduling"] = "served"
     with running_server(cache, tmp_path_factory.mktemp("certs")) as srv, srv.client() as client:
         yield client, cache
@@ -498,8 +509,13 @@ def pod_review(trainjob_name: str, replicated_job: str, scheduler: str | None) -
     return review
 
 
+def answer_of(client: httpx.Client, review: Json) -> Json:
+    answer: Json = client.post(webhook_path(review, "mutate"), json=review).json()["response"]
+    return answer
+
+
 def send(client: httpx.Client, review: Json) -> tuple[Json, list[Json]]:
-    answer = client.post(webhook_path(review, "mutate"), json=review).json()["response"]
+    answer = answer_of(client, review)
     assert answer["allowed"] is True
     patch_ops = json.loads(base64.b64decode(answer["patch"])) if "patch" in answer else []
     return answer, patch_ops
@@ -533,14 +549,19 @@ def test_no_label_for_another_scheduler_a_basic_group_or_an_unserved_api(
     server: tuple[httpx.Client, Cache],
 ) -> None:
     client, cache = server
-    answer, ops = send(client, pod_review(NAME, "node", None))  # default-scheduler
-    assert ops == [] and "default-scheduler" in answer["warnings"][0]
-    assert send(client, pod_review(NAME, "node", SLURM))[1] == []  # not its TrainJob's
+    # Another scheduler than its gang's: held (denied), never let through loose.
+    why = held_because(answer_of(client, pod_review(NAME, "node", None)))  # default-scheduler
+    assert why.startswith(
+        f"it names the scheduler 'default-scheduler', its gang is for {PLUGINS!r}"
+    )
+    why = held_because(answer_of(client, pod_review(NAME, "node", SLURM)))  # not its TrainJob's
+    assert why.startswith(f"it names the scheduler {SLURM!r}, its gang is for {PLUGINS!r}")
+    # A basic group has no PodGroup here: admitted as it is.
     assert send(client, pod_review(NAME, "dataset-initializer", PLUGINS))[1] == []
     cache.apis["coscheduling"] = "not-served"
     try:
-        answer, ops = send(client, pod_review("unserved", "node", PLUGINS))
-        assert ops == [] and "warnings" not in answer
+        why = held_because(answer_of(client, pod_review("unserved", "node", PLUGINS)))
+        assert why.startswith("the gang API scheduling.x-k8s.io/v1alpha1 is not served")
     finally:
         cache.apis["coscheduling"] = "served"
 
@@ -561,8 +582,13 @@ def test_trainjob_admission_says_what_the_topology_becomes(
 # --- the lifecycle, against the API emulator -----------------------------------------------------
 
 
+def stored_gang(k: Any) -> str:
+    """The gang's PodGroup name for the TrainJob my-job the emulator holds (named by its uid)."""
+    return gang_name(NAME, uid(stored(k, TRAINJOBS, NAME)))
+
+
 def pod_group_of(k: Any) -> Json | None:
-    return stored(k, PODGROUPS, GANG)
+    return stored(k, PODGROUPS, stored_gang(k))
 
 
 def cos_writes(k: Any) -> int:
@@ -606,8 +632,8 @@ async def test_create_suspend_resume_finish_delete() -> None:
         assert cos_writes(w.k) == 1
         # The pod webhook, from the same cache: label and affinity, nothing else.
         decision = mutate_pod_review(review_of(jobset_pod(NAME, "node")), w.cache)
-        assert decision.patch is not None and len(decision.patch) == 2
-        assert decision.patch[0]["value"] == GANG
+        assert isinstance(decision, Decision) and decision.patch is not None
+        assert len(decision.patch) == 2 and decision.patch[0]["value"] == stored_gang(w.k)
 
         await patch(w.k, TRAINJOBS, NS, NAME, {"spec": {"suspend": True}})
         await eventually(lambda: not pod_group_of(w.k), "deleted on suspend")
@@ -621,8 +647,7 @@ async def test_create_suspend_resume_finish_delete() -> None:
         assert await quiet(w.k) == 4  # create, delete, create, delete: nothing made again
         assert len(events(w.k, "Deleted")) == 2
 
-        await create(w.k, TRAINJOBS, gpu_trainjob("second"))
-        second = gang_name("second")
+        second = gang_name("second", uid(await create(w.k, TRAINJOBS, gpu_trainjob("second"))))
         made = await eventually(lambda: stored(w.k, PODGROUPS, second), "second's PodGroup")
         await delete(w.k, TRAINJOBS, NS, "second")
         await eventually(lambda: not stored(w.k, PODGROUPS, second), "garbage collected")
@@ -645,13 +670,15 @@ async def test_drift_is_repaired_once_and_status_is_not_drift() -> None:
             return metrics.registry.get_sample_value("trainjob_scheduling_gangs", labels)
 
         await eventually(lambda: gangs("waiting", "NotEvaluated") == 1, "counted, assembling")
+        gang = pg["metadata"]["name"]
+        assert gang == stored_gang(w.k)
         # The scheduler-plugins controller writes status; a quantity spelled another way.
-        await patch(w.k, PODGROUPS, NS, GANG, {"status": {"phase": "Running", "running": 5}})
-        await patch(w.k, PODGROUPS, NS, GANG, {"spec": {"minResources": {"cpu": "27.5"}}})
+        await patch(w.k, PODGROUPS, NS, gang, {"status": {"phase": "Running", "running": 5}})
+        await patch(w.k, PODGROUPS, NS, gang, {"spec": {"minResources": {"cpu": "27.5"}}})
         await eventually(lambda: gangs("scheduled", "Scheduled") == 1, "counted as scheduled")
         before = await quiet(w.k)
         assert before == 3 and len(events(w.k, "Updated")) == 0
-        await json_patch(w.k, PODGROUPS, NS, GANG, [
+        await json_patch(w.k, PODGROUPS, NS, gang, [
             {"op": "replace", "path": "/spec/minMember", "value": 2},
             {"op": "remove", "path": "/spec/scheduleTimeoutSeconds"},
         ])  # fmt: skip
@@ -668,17 +695,22 @@ async def test_drift_is_repaired_once_and_status_is_not_drift() -> None:
 @pytest.mark.asyncio
 async def test_a_foreign_pod_group_is_left_alone_and_trainers_own_means_standing_down() -> None:
     async with world(served=("coscheduling",)) as w:
+        # The name is known once the TrainJob has its uid: it waits suspended (nothing made)
+        # while someone else takes the name.
+        await create(w.k, CLUSTER_RUNTIMES, gpu_runtime())
+        suspended = gpu_trainjob()
+        suspended["spec"]["suspend"] = True
+        gang = gang_name(NAME, uid(await create(w.k, TRAINJOBS, suspended)))
         foreign = {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup",
-                   "metadata": {"name": GANG, "namespace": NS},
+                   "metadata": {"name": gang, "namespace": NS},
                    "spec": {"minMember": 1}}  # fmt: skip
         await create(w.k, PODGROUPS, foreign)
-        await create(w.k, CLUSTER_RUNTIMES, gpu_runtime())
-        await create(w.k, TRAINJOBS, gpu_trainjob())
+        await patch(w.k, TRAINJOBS, NS, NAME, {"spec": {"suspend": False}})
         await eventually(lambda: events(w.k, "Conflict"), "a Conflict event")
         await quiet(w.k)
         assert (pod_group_of(w.k) or {}).get("spec") == {"minMember": 1}
         assert len(w.k[UPDATE, PODGROUPS]) == 0 and len(w.k[DELETE, PODGROUPS]) == 0
-        await delete(w.k, PODGROUPS, NS, GANG)
+        await delete(w.k, PODGROUPS, NS, gang)
         ours = await eventually(
             lambda: (p := pod_group_of(w.k)) and p["spec"]["minMember"] == 5 and p, "ours"
         )
@@ -698,6 +730,7 @@ async def test_a_foreign_pod_group_is_left_alone_and_trainers_own_means_standing
         await eventually(lambda: events(w.k, "StandingDown"), "standing down")
         await quiet(w.k)
         names = sorted(p["metadata"]["name"] for p in objects(w.k, PODGROUPS))
-        assert names == sorted([GANG, "trainers"])
+        assert names == sorted([gang, "trainers"])
         decision = mutate_pod_review(review_of(jobset_pod("trainers", "node")), w.cache)
-        assert decision.patch is None
+        # Admitted without a group (another controller's gang), not held.
+        assert isinstance(decision, Decision) and decision.allowed and decision.patch is None

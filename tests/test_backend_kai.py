@@ -28,9 +28,9 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from tests import reference
-from tests.builders import Json, rj, runtime, torch_node, trainjob
+from tests.builders import TRAINJOB_UID, Json, rj, runtime, torch_node, trainjob
 from tests.crd_schema import crd_errors
-from tests.harness import running_server, webhook_path
+from tests.harness import frozen, held_because, running_server, webhook_path
 from tests.kube_emulator import (
     CLUSTER_RUNTIMES,
     POD_GROUPS,
@@ -69,6 +69,7 @@ from webhook.backends.kai import (
 )
 from webhook.backends.native import POD_GROUP as NATIVE_POD_GROUP
 from webhook.backends.registry import default_backends
+from webhook.core import naming
 from webhook.core.plan import Plan, build_plan
 from webhook.core.trainer import Runtime, TrainJob
 from webhook.core.validation import validate_runtime, validate_trainjob
@@ -80,14 +81,18 @@ from webhook.reconcile.reconciler import ReconcilerSettings
 CRD = "scheduling.run.ai_podgroups.yaml"
 KAI_POD_GROUPS = kmock.resource("scheduling.run.ai", "v2alpha2", "podgroups")
 KAI = "kai-scheduler"
-UID = "cc796b1d-9ea6-4b50-811c-c860fd20eaa5"
-MY_JOB_GROUP = "my-job-f438be8c51"  # level 1: team-a/my-job's one group
+UID = TRAINJOB_UID
+# Level 1: team-a/my-job's one group, as earlier releases named it (plan version 1)...
+LEGACY_GROUP = "my-job-f438be8c51"
+# ... and as this release names it for the TrainJob of uid UID (version 2).
+MY_JOB_GROUP = naming.workload_name("team-a", "my-job", UID)
 POD_PATH = "/mutate--v1-pod"
 TRAINJOB_PATH = "/validate-trainer-kubeflow-org-v1alpha1-trainjob"
 LABELS = {
     "app.kubernetes.io/managed-by": "trainjob-scheduling-webhook",
     "trainer.kubeflow.org/trainjob-name": "my-job",
 }
+LABELS_V2 = {**LABELS, "trainjob-scheduling.dev/plan-version": "2"}  # plan version 2's objects
 ZONE = {"topology": [{"key": "topology.kubernetes.io/zone"}]}
 
 
@@ -100,8 +105,11 @@ def kai_pods(raw_runtime: Json) -> Json:
     return out
 
 
-def plan_of(raw_runtime: Json, raw_trainjob: Json) -> Plan:
-    plan = build_plan(TrainJob.model_validate(raw_trainjob), Runtime.model_validate(raw_runtime))
+def plan_of(raw_runtime: Json, raw_trainjob: Json, plan_version: int = 2) -> Plan:
+    """The plan (`plan_version` 1: with the names earlier releases gave, which the exact objects
+    below spell; test_backends shows version 2 renders the same but for names and a label)."""
+    tj, rt = TrainJob.model_validate(raw_trainjob), Runtime.model_validate(raw_runtime)
+    plan = build_plan(tj, rt, plan_version)
     assert plan is not None
     return plan
 
@@ -139,9 +147,9 @@ def expected(name: str, trainjob: str, policy: str, spec: Json) -> Json:
 def test_level_1_is_one_pod_group_with_queue_priority_class_and_required_level() -> None:
     rt = kai_pods(runtime(torch_node(priority_class="high"), scheduling={
         "schedulingPolicy": {"gang": {}}, "schedulingConstraints": ZONE}))  # fmt: skip
-    plan = plan_of(rt, trainjob(num_nodes=4))
+    plan = plan_of(rt, trainjob(num_nodes=4), plan_version=1)
     (pg,) = KaiBackend().render(plan, Context(labels={"kai.scheduler/queue": "team-a-gpus"}))
-    assert pg == expected(MY_JOB_GROUP, "my-job", "gang", {
+    assert pg == expected(LEGACY_GROUP, "my-job", "gang", {
         "minMember": 4,
         "queue": "team-a-gpus",
         "priorityClassName": "high",
@@ -155,7 +163,7 @@ def test_level_1_is_one_pod_group_with_queue_priority_class_and_required_level()
 def test_level_2_basic_initializer_and_a_gang_whose_launcher_joins_later() -> None:
     tj = sample("deepspeed-8-nodes.trainjob.yaml")
     tj["metadata"]["uid"] = UID
-    plan = plan_of(sample("deepspeed-distributed.runtime.yaml"), tj)
+    plan = plan_of(sample("deepspeed-distributed.runtime.yaml"), tj, plan_version=1)
     init, gang = KaiBackend().render(plan, Context())
     assert init == expected(
         "llm-finetune-dataset-initializer-98a4d87d90", "llm-finetune", "basic",
@@ -176,7 +184,7 @@ def test_level_2_basic_initializer_and_a_gang_whose_launcher_joins_later() -> No
 def test_level_3_one_pod_group_per_job_in_the_trainjobs_topology() -> None:
     tj = sample("torch-rack.trainjob.yaml")
     tj["metadata"]["uid"] = UID
-    plan = plan_of(sample("torch-rack.runtime.yaml"), tj)
+    plan = plan_of(sample("torch-rack.runtime.yaml"), tj, plan_version=1)
     context = Context(annotations={"kai.scheduler/topology": "racks"})
     pods = KaiBackend().render(plan, context)
     rack = {"requiredTopologyLevel": "topology.kubernetes.io/rack", "topology": "racks"}
@@ -448,11 +456,12 @@ def test_warnings_stay_short_with_long_names() -> None:
 
 
 def pod_cache() -> Cache:
-    """The fixture pod's TrainJob (team-a/my-job) on the level-1 runtime, its pods on KAI."""
+    """The fixture pod's TrainJob (team-a/my-job, frozen) on the level-1 runtime, its pods on
+    KAI."""
     cache = kai_cache(kai_pods(native_runtime("torch-distributed")))
     tj = stored_trainjob("my-job")
     tj["metadata"]["uid"] = UID
-    cache.trainjobs.replace([tj])
+    cache.trainjobs.replace([frozen(cache, tj)])
     return cache
 
 
@@ -469,10 +478,14 @@ def test_pods_are_annotated_once_with_their_group_and_the_podgrouper_kept_away(
     cache = pod_cache()
     with running_server(cache, tmp_path / "certs") as srv, srv.client() as client:
 
-        def tie(doc: Json) -> Json:
+        def answer(doc: Json) -> Json:
             resp = client.post(POD_PATH, content=orjson.dumps(doc))
             assert resp.status_code == 200, resp.text
             response: Json = resp.json()["response"]
+            return response
+
+        def tie(doc: Json) -> Json:
+            response = answer(doc)
             assert response["allowed"] is True
             return response
 
@@ -502,12 +515,12 @@ def test_pods_are_annotated_once_with_their_group_and_the_podgrouper_kept_away(
         (op,) = patched(tie(bare))
         assert op == {"op": "add", "path": "/metadata/annotations", "value": {
             "pod-group-name": MY_JOB_GROUP, "kai.scheduler/skip-podgrouper": "true"}}  # fmt: skip
-        # Another scheduler than the gang's, or KAI's API not served: nothing.
-        response = tie(pod_review("default-scheduler"))
-        assert "patch" not in response
-        assert response["warnings"][0].startswith("not tied to a gang: the pod names the scheduler")
+        # Another scheduler than the gang's, or KAI's API not served: held, never loose.
+        why = held_because(answer(pod_review("default-scheduler")))
+        assert why.startswith("it names the scheduler 'default-scheduler', its gang is for 'kai")
         cache.apis["kai"] = "not-served"
-        assert "patch" not in tie(pod_review(KAI))
+        why = held_because(answer(pod_review(KAI)))
+        assert why.startswith("the gang API scheduling.run.ai/v2alpha2 is not served")
 
 
 # --- lifecycle against the API emulator ----------------------------------------------------------
@@ -533,20 +546,27 @@ async def kai_quiet(k: VersionedEmulator, seconds: float = 0.5) -> int:
     return last
 
 
-async def kai_gang(k: VersionedEmulator) -> Json:
+def group_of(trainjob: Json) -> str:
+    """A level-1 TrainJob's one PodGroup, named by its uid (the reconciler froze it: plan
+    version 2)."""
+    return naming.workload_name(NS, trainjob["metadata"]["name"], uid(trainjob))
+
+
+async def kai_gang(k: VersionedEmulator) -> tuple[str, Json]:
+    """The PodGroup of a new TrainJob on KAI, once made: (its name, it)."""
     await create(k, CLUSTER_RUNTIMES, kai_pods(native_runtime()))
-    await create(k, TRAINJOBS, kai_trainjob())
-    pg: Json = await eventually(lambda: stored(k, KAI_POD_GROUPS, MY_JOB_GROUP), "the PodGroup")
-    return pg
+    name = group_of(await create(k, TRAINJOBS, kai_trainjob()))
+    pg: Json = await eventually(lambda: stored(k, KAI_POD_GROUPS, name), "the PodGroup")
+    return name, pg
 
 
 @pytest.mark.asyncio
 async def test_lifecycle_create_suspend_resume_finish() -> None:
     async with world(served=("kai",)) as w:
-        pg = await kai_gang(w.k)
+        group, pg = await kai_gang(w.k)
         tj = stored(w.k, TRAINJOBS, NAME)
         assert pg["metadata"]["ownerReferences"] == [owner(NAME, uid(tj))]
-        assert pg["metadata"]["labels"] == LABELS
+        assert pg["metadata"]["labels"] == LABELS_V2
         assert pg["spec"] == {
             "minMember": 100,
             "queue": "team-a",
@@ -560,9 +580,9 @@ async def test_lifecycle_create_suspend_resume_finish() -> None:
         assert await kai_quiet(w.k) == 1
 
         await patch(w.k, TRAINJOBS, NS, NAME, {"spec": {"suspend": True}})
-        await eventually(lambda: not stored(w.k, KAI_POD_GROUPS, MY_JOB_GROUP), "gone on suspend")
+        await eventually(lambda: not stored(w.k, KAI_POD_GROUPS, group), "gone on suspend")
         await patch(w.k, TRAINJOBS, NS, NAME, {"spec": {"suspend": False}})
-        again = await eventually(lambda: stored(w.k, KAI_POD_GROUPS, MY_JOB_GROUP), "resumed")
+        again = await eventually(lambda: stored(w.k, KAI_POD_GROUPS, group), "resumed")
         assert uid(again) != uid(pg) and again["spec"] == pg["spec"]
 
         finished = {"status": {"conditions": [{"type": "Complete", "status": "True"}]}}
@@ -585,22 +605,20 @@ async def test_deleting_the_trainjob_leaves_its_pod_group_to_garbage_collection(
 @pytest.mark.asyncio
 async def test_drift_is_repaired_once_and_kais_own_writes_are_not_drift() -> None:
     async with world(served=("kai",)) as w:
-        pg = await kai_gang(w.k)
+        group, pg = await kai_gang(w.k)
         # KAI's scheduler marks the gang started and records an old verdict: no write of ours.
         started = {"kai.scheduler/last-start-timestamp": "2026-01-01T00:00:00Z"}
-        await patch(w.k, KAI_POD_GROUPS, NS, MY_JOB_GROUP, {
+        await patch(w.k, KAI_POD_GROUPS, NS, group, {
             "metadata": {"annotations": started},
             "status": {"schedulingConditions": [unschedulable("OverLimit")]},
         })  # fmt: skip
         assert await kai_quiet(w.k) == 2  # our create, their patch
         # Someone shrinks the gang and moves it to another queue.
         shrunk = {"spec": {"minMember": 3, "queue": "other"}}
-        await patch(w.k, KAI_POD_GROUPS, NS, MY_JOB_GROUP, shrunk)
+        await patch(w.k, KAI_POD_GROUPS, NS, group, shrunk)
         repaired = await eventually(
             lambda: (
-                (p := stored(w.k, KAI_POD_GROUPS, MY_JOB_GROUP))
-                and p["spec"]["minMember"] == 100
-                and p
+                (p := stored(w.k, KAI_POD_GROUPS, group)) and p["spec"]["minMember"] == 100 and p
             ),
             "minMember patched back",
         )
@@ -613,18 +631,23 @@ async def test_drift_is_repaired_once_and_kais_own_writes_are_not_drift() -> Non
 @pytest.mark.asyncio
 async def test_a_foreign_pod_group_with_our_name_is_left_alone() -> None:
     async with world(served=("kai",)) as w:
+        # The name is known once the TrainJob has its uid: it waits suspended (nothing made)
+        # while someone else takes the name.
+        await create(w.k, CLUSTER_RUNTIMES, kai_pods(native_runtime()))
+        suspended = kai_trainjob()
+        suspended["spec"]["suspend"] = True
+        group = group_of(await create(w.k, TRAINJOBS, suspended))
         theirs = {
             "apiVersion": "scheduling.run.ai/v2alpha2", "kind": "PodGroup",
-            "metadata": {"name": MY_JOB_GROUP, "namespace": NS}, "spec": {"minMember": 1},
+            "metadata": {"name": group, "namespace": NS}, "spec": {"minMember": 1},
         }  # fmt: skip
         await create(w.k, KAI_POD_GROUPS, theirs)
-        before = stored(w.k, KAI_POD_GROUPS, MY_JOB_GROUP)
-        await create(w.k, CLUSTER_RUNTIMES, kai_pods(native_runtime()))
-        await create(w.k, TRAINJOBS, kai_trainjob())
+        before = stored(w.k, KAI_POD_GROUPS, group)
+        await patch(w.k, TRAINJOBS, NS, NAME, {"spec": {"suspend": False}})
         (conflict, *_) = await eventually(lambda: events(w.k, "Conflict"), "a Conflict event")
-        assert MY_JOB_GROUP in conflict["note"]
+        assert group in conflict["note"]
         await asyncio.sleep(0.4)  # a few conflict retries
-        assert stored(w.k, KAI_POD_GROUPS, MY_JOB_GROUP) == before
+        assert stored(w.k, KAI_POD_GROUPS, group) == before
         assert len(w.k[UPDATE, KAI_POD_GROUPS]) == len(w.k[DELETE, KAI_POD_GROUPS]) == 0
 
 
@@ -636,13 +659,13 @@ async def test_one_serve_process_picks_the_backend_per_trainjob(tmp_path: Path) 
     ):
         await create(k, CLUSTER_RUNTIMES, kai_pods(native_runtime()))
         await create(k, CLUSTER_RUNTIMES, native_runtime("plain"))
-        await create(k, TRAINJOBS, kai_trainjob())
+        group = group_of(await create(k, TRAINJOBS, kai_trainjob()))
         plain = stored_trainjob("plain-job")
         plain["spec"]["runtimeRef"]["name"] = "plain"
         await create(k, TRAINJOBS, plain)
-        await eventually(lambda: stored(k, KAI_POD_GROUPS, MY_JOB_GROUP), "the KAI PodGroup", 20)
+        await eventually(lambda: stored(k, KAI_POD_GROUPS, group), "the KAI PodGroup", 20)
         await eventually(lambda: objects(k, POD_GROUPS), "the plain job's native PodGroup", 20)
-        assert [p["metadata"]["name"] for p in objects(k, KAI_POD_GROUPS)] == [MY_JOB_GROUP]
+        assert [p["metadata"]["name"] for p in objects(k, KAI_POD_GROUPS)] == [group]
         native = objects(k, POD_GROUPS)[0]["metadata"]["name"]
         assert native.startswith("plain-job-")
 

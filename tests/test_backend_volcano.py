@@ -20,9 +20,9 @@ import pytest
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
-from tests.builders import Json, rj, trainjob
+from tests.builders import TRAINJOB_UID, Json, rj, trainjob
 from tests.crd_schema import crd_errors
-from tests.harness import fixture, running_server
+from tests.harness import fixture, frozen, held_because, running_server
 from tests.kube_emulator import (
     CLUSTER_RUNTIMES,
     TRAINJOBS,
@@ -464,7 +464,7 @@ def test_gang_metrics_count_volcano_podgroups_and_time_them_once() -> None:
 
 POD_PATH = "/mutate--v1-pod"
 TRAINJOB_PATH = "/validate-trainer-kubeflow-org-v1alpha1-trainjob"
-TJ_UID = "cc796b1d-9ea6-4b50-811c-c860fd20eaa5"
+TJ_UID = TRAINJOB_UID
 
 
 def volcano_cache(priority_classes: tuple[str, ...] = ("high",)) -> Cache:
@@ -473,7 +473,7 @@ def volcano_cache(priority_classes: tuple[str, ...] = ("high",)) -> Cache:
     cache = Cache(connected=True, backends=default_backends(volcano=TIERS))
     cache.cluster_runtimes.replace([mpi_runtime()])
     cache.training_runtimes.replace([])
-    cache.trainjobs.replace([mpi_trainjob(4, uid=TJ_UID)])
+    cache.trainjobs.replace([frozen(cache, mpi_trainjob(4, uid=TJ_UID))])
     cache.priority_classes.replace([{"metadata": {"name": n}} for n in priority_classes])
     for store in cache.gang_stores.values():
         store.replace([])
@@ -547,12 +547,17 @@ def test_no_annotation_for_another_scheduler_an_unserved_api_or_a_foreign_gang(
     server: tuple[httpx.Client, Cache],
 ) -> None:
     client, cache = server
+    # Another scheduler, or Volcano's API not served: held (denied), never let through loose.
     response = send(client, POD_PATH, pod_review(scheduler="default-scheduler"))
-    assert "patch" not in response
-    assert "the pod names the scheduler 'default-scheduler'" in response["warnings"][0]
+    assert held_because(response).startswith(
+        "it names the scheduler 'default-scheduler', its gang is for 'volcano'"
+    )
     cache.apis["volcano"] = "not-served"
     try:
-        assert "patch" not in send(client, POD_PATH, pod_review())
+        response = send(client, POD_PATH, pod_review())
+        assert held_because(response).startswith(
+            "the gang API scheduling.volcano.sh/v1beta1 is not served"
+        )
     finally:
         cache.apis["volcano"] = "served"
     # A PodGroup the TrainJob controls that this service did not make: another controller's gang.
@@ -561,7 +566,8 @@ def test_no_annotation_for_another_scheduler_an_unserved_api_or_a_foreign_gang(
     theirs = {"metadata": {"name": NAME, "namespace": NS, "ownerReferences": [owner]}}
     cache.store(POD_GROUP).replace([theirs])
     try:
-        assert "patch" not in send(client, POD_PATH, pod_review())
+        response = send(client, POD_PATH, pod_review())
+        assert response["allowed"] is True and "patch" not in response  # stood down
     finally:
         cache.store(POD_GROUP).replace([])
     assert "patch" in send(client, POD_PATH, pod_review())
@@ -642,13 +648,14 @@ async def quiet(k: VersionedEmulator, seconds: float = 0.5) -> int:
     return last
 
 
-def names() -> tuple[str, str]:
-    plan = plan_of(mpi_runtime(), mpi_trainjob())
+def names(trainjob_uid: str) -> tuple[str, str]:
+    """The PodGroups of the TrainJob with this uid (its names carry it: plan version 2)."""
+    plan = plan_of(mpi_runtime(), mpi_trainjob(uid=trainjob_uid))
     return plan.groups[0].pod_group_name, plan.groups[1].pod_group_name
 
 
 async def both(k: VersionedEmulator, min_member: int = 5) -> tuple[Json, Json]:
-    init_name, gang_name = names()
+    init_name, gang_name = names(uid(stored(k, TRAINJOBS, NAME)))
 
     def found() -> Any:
         init, gang = stored(k, PODGROUPS, init_name), stored(k, PODGROUPS, gang_name)
@@ -691,6 +698,7 @@ async def test_a_volcano_trainjob_through_create_suspend_resume_and_finish() -> 
         assert gang["metadata"]["labels"] == {
             "app.kubernetes.io/managed-by": "trainjob-scheduling-webhook",
             "trainer.kubeflow.org/trainjob-name": NAME,
+            "trainjob-scheduling.dev/plan-version": "2",
         }
         assert gang["spec"] == {
             "minMember": 5,
@@ -764,15 +772,19 @@ async def test_drift_is_repaired_once_and_volcano_write_backs_are_left_alone() -
 @pytest.mark.asyncio
 async def test_a_foreign_podgroup_of_the_name_is_left_alone() -> None:
     async with world(served=("volcano",)) as w:
-        _, gang_name = names()
+        # The name is known once the TrainJob has its uid: it waits suspended (nothing made)
+        # while someone else takes the name.
+        await create(w.k, CLUSTER_RUNTIMES, mpi_runtime())
+        suspended = mpi_trainjob(4, uid=None)
+        suspended["spec"]["suspend"] = True
+        _, gang_name = names(uid(await create(w.k, TRAINJOBS, suspended)))
         foreign = {
             "apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup",
             "metadata": {"name": gang_name, "namespace": NS}, "spec": {"minMember": 9},
         }  # fmt: skip
         await create(w.k, PODGROUPS, foreign)
         before = stored(w.k, PODGROUPS, gang_name)
-        await create(w.k, CLUSTER_RUNTIMES, mpi_runtime())
-        await create(w.k, TRAINJOBS, mpi_trainjob(4, uid=None))
+        await patch(w.k, TRAINJOBS, NS, NAME, {"spec": {"suspend": False}})
         conflict = (await eventually(lambda: events(w.k, "Conflict"), "a Conflict event"))[0]
         assert gang_name in conflict["note"]
         await asyncio.sleep(0.5)  # several conflict retries

@@ -23,8 +23,8 @@ import orjson
 import pytest
 import yaml
 
-from tests.builders import Json, rj, runtime, torch_node, trainjob
-from tests.harness import fixture, running_server
+from tests.builders import TRAINJOB_UID, Json, rj, runtime, torch_node, trainjob
+from tests.harness import fixture, frozen, held_because, running_server
 from tests.kube_emulator import (
     CLUSTER_RUNTIMES,
     TRAINJOBS,
@@ -40,7 +40,6 @@ from tests.test_reconciler import (
     NAME,
     NS,
     UPDATE,
-    WORKLOAD,
     cluster_runtime,
     events,
     objects,
@@ -48,8 +47,10 @@ from tests.test_reconciler import (
     world,
 )
 from tests.test_reconciler import trainjob as stored_trainjob
+from webhook.backends.base import Context
 from webhook.backends.native import NativeBackend
 from webhook.backends.registry import Backends, default_backends
+from webhook.core import naming
 from webhook.core.plan import build_plan
 from webhook.core.trainer import Runtime, TrainJob
 from webhook.core.validation import validate_trainjob
@@ -79,6 +80,86 @@ def test_the_backend_follows_the_scheduler_name_and_names_are_settings() -> None
 
 def plan_of(raw_runtime: Json, raw_trainjob: Json) -> Any:
     return build_plan(TrainJob.model_validate(raw_trainjob), Runtime.model_validate(raw_runtime))
+
+
+SAMPLE_PAIRS = [
+    ("torch-100-nodes.trainjob.yaml", "torch-distributed.runtime.yaml"),  # level 1
+    ("deepspeed-8-nodes.trainjob.yaml", "deepspeed-distributed.runtime.yaml"),  # level 2
+    ("torch-rack.trainjob.yaml", "torch-rack.runtime.yaml"),  # level 3
+]
+
+
+@pytest.mark.parametrize(
+    ("backend_name", "trainjob_file", "runtime_file"),
+    [
+        *[
+            (b, *pair)
+            for b in ("native", "coscheduling", "volcano", "kai")
+            for pair in SAMPLE_PAIRS
+        ],
+        ("native", "tpu-slices.trainjob.yaml", "tpu-slices.runtime.yaml"),  # a tree
+    ],
+)
+def test_every_backend_renders_plan_version_2_as_version_1_but_for_names_and_a_label(
+    backend_name: str, trainjob_file: str, runtime_file: str
+) -> None:
+    """A TrainJob frozen by an earlier release (plan version 1) keeps the names it was made
+    with; a new one's (version 2) carry its uid, and its objects say which version named them.
+    Nothing else differs: the objects' tests at version 1 speak for version 2 too."""
+    from tests.paths import SAMPLES
+
+    raw_trainjob = yaml.safe_load((SAMPLES / trainjob_file).read_text())
+    raw_trainjob["metadata"]["uid"] = TRAINJOB_UID
+    raw_runtime = yaml.safe_load((SAMPLES / runtime_file).read_text())
+    for job in raw_runtime["spec"]["template"]["spec"]["replicatedJobs"]:
+        pod = job["template"]["spec"].setdefault("template", {}).setdefault("spec", {})
+        pod["schedulerName"] = SCHEDULER_OF[backend_name]
+    tj, rt = TrainJob.model_validate(raw_trainjob), Runtime.model_validate(raw_runtime)
+    legacy, plan = build_plan(tj, rt, plan_version=1), build_plan(tj, rt)
+    assert legacy is not None and plan is not None
+    backends = default_backends()
+    backend = backends.named(backend_name)
+    assert backend is not None and backends.for_plan(plan) is backend
+    incarnation = TRAINJOB_UID
+    name = raw_trainjob["metadata"]["name"]
+    renamed = {legacy.workload_name: naming.workload_name(NS, name, incarnation)}
+    for old, new in zip(legacy.groups, plan.groups, strict=True):
+        # Templates live inside the one Workload and keep their names; a level-1 template is
+        # named as the Workload (and its PodGroup), and is renamed with it.
+        assert new.template_name == renamed.get(old.template_name, old.template_name)
+        if old.pod_group_name != legacy.workload_name:
+            renamed[old.pod_group_name] = naming.pod_group_name(
+                name, old.template_name, incarnation
+            )
+        assert new.pod_group_name == renamed[old.pod_group_name]
+    for old_c, new_c in zip(legacy.composites, plan.composites, strict=True):
+        if old_c.name != legacy.workload_name:  # the root is named as the Workload
+            qualified = naming.pod_group_name(name, old_c.template_name, incarnation)
+            renamed[old_c.name] = qualified
+        assert new_c.name == renamed[old_c.name]
+        assert new_c.template_name == renamed.get(old_c.template_name, old_c.template_name)
+    assert len(set(renamed.values())) == len(renamed)
+    assert not set(renamed) & set(renamed.values())
+
+    def as_version_2(obj: Any) -> Any:
+        if isinstance(obj, dict):
+            out = {k: as_version_2(v) for k, v in obj.items()}
+            if out.get("app.kubernetes.io/managed-by") == "trainjob-scheduling-webhook":
+                out["trainjob-scheduling.dev/plan-version"] = "2"  # the owner labels
+            return out
+        if isinstance(obj, list):
+            return [as_version_2(v) for v in obj]
+        return renamed.get(obj, obj) if isinstance(obj, str) else obj
+
+    uids = {("Workload", legacy.workload_name): "wl", ("Workload", plan.workload_name): "wl"}
+    old_objects = backend.render(legacy, Context(), uids)
+    new_objects = backend.render(plan, Context(), uids)
+    assert new_objects == as_version_2(old_objects)
+    for obj in new_objects:
+        assert obj["metadata"]["labels"]["trainjob-scheduling.dev/plan-version"] == "2"
+        assert obj["metadata"]["name"] in renamed.values()
+    for obj in old_objects:
+        assert "trainjob-scheduling.dev/plan-version" not in obj["metadata"]["labels"]
 
 
 def test_a_trainjob_runtime_patch_chooses_the_scheduler_of_its_pods() -> None:
@@ -290,29 +371,33 @@ def pod_review(scheduler: str | None = None) -> Json:
 
 
 def pod_cache() -> Cache:
-    """The fixture pod's TrainJob (team-a/my-job) on a level-1 runtime, native API served."""
+    """The fixture pod's TrainJob (team-a/my-job, frozen) on a level-1 runtime, native API
+    served."""
     cache = Cache(connected=True)
     cache.cluster_runtimes.replace([cluster_runtime("torch-distributed")])
     tj = stored_trainjob("my-job")
-    tj["metadata"]["uid"] = "cc796b1d-9ea6-4b50-811c-c860fd20eaa5"
-    cache.trainjobs.replace([tj])
+    tj["metadata"]["uid"] = TRAINJOB_UID
+    cache.trainjobs.replace([frozen(cache, tj)])
     cache.training_runtimes.replace([])
     cache.apis["native"] = "served"
     return cache
 
 
 def test_a_pod_naming_another_scheduler_than_its_gangs_is_not_tied(tmp_path: Path) -> None:
+    # Not tied, and not let through loose either: held until its Job makes it right.
     cache = pod_cache()
     with running_server(cache, tmp_path / "certs") as srv, srv.client() as client:
         tied = client.post(POD_PATH, content=orjson.dumps(pod_review())).json()["response"]
-        assert "patch" in tied
+        assert tied["allowed"] is True and "patch" in tied
         other = client.post(POD_PATH, content=orjson.dumps(pod_review("volcano"))).json()
-        assert "patch" not in other["response"]
-        (warning,) = other["response"]["warnings"]
-        assert warning.startswith("not tied to a gang: the pod names the scheduler 'volcano'")
+        assert held_because(other["response"]).startswith(
+            "it names the scheduler 'volcano', its gang is for 'default-scheduler'"
+        )
         cache.apis["native"] = "not-served"
         unserved = client.post(POD_PATH, content=orjson.dumps(pod_review())).json()
-        assert "patch" not in unserved["response"] and "warnings" not in unserved["response"]
+        assert held_because(unserved["response"]).startswith(
+            "the gang API scheduling.k8s.io/v1beta1 is not served"
+        )
 
 
 # --- living beside other controllers -----------------------------------------------------------
@@ -334,6 +419,11 @@ def hand_made_workload(owner_uid: str) -> Json:
         },
         "spec": {"podGroupTemplates": [{"name": "t", "schedulingPolicy": {"basic": {}}}]},
     }  # fmt: skip
+
+
+def workload_of(trainjob: Json) -> str:
+    """The Workload of a TrainJob the reconciler froze (plan version 2: named by its uid)."""
+    return naming.workload_name(NS, trainjob["metadata"]["name"], trainjob["metadata"]["uid"])
 
 
 @pytest.mark.asyncio
@@ -359,7 +449,7 @@ async def test_another_controllers_gang_objects_make_the_service_stand_down() ->
         assert len(events(w.k, "StandingDown")) == passes <= 3
         value = metrics.registry.get_sample_value("trainjob_scheduling_trainjobs_stood_down")
         assert value == 1.0
-        assert stored(w.k, WORKLOADS, WORKLOAD) is None
+        assert stored(w.k, WORKLOADS, workload_of(tj)) is None
 
 
 @pytest.mark.asyncio
@@ -375,7 +465,7 @@ async def test_objects_of_ours_no_longer_in_the_plan_go_and_others_stay() -> Non
             "app.kubernetes.io/managed-by": "trainjob-scheduling-webhook"
         }
         await create(w.k, WORKLOADS, ours_stale)
-        await eventually(lambda: stored(w.k, WORKLOADS, WORKLOAD), "our Workload")
+        await eventually(lambda: stored(w.k, WORKLOADS, workload_of(tj)), "our Workload")
         await eventually(lambda: stored(w.k, WORKLOADS, "stale-of-ours") is None, "stale gone")
 
 
@@ -388,6 +478,7 @@ def test_a_stood_down_trainjobs_pods_are_not_tied(tmp_path: Path) -> None:
         **hand_made_workload(uid)["metadata"], "uid": "theirs"}}])  # fmt: skip
     with running_server(cache, tmp_path / "certs") as srv, srv.client() as client:
         response = client.post(POD_PATH, content=orjson.dumps(pod_review())).json()["response"]
+        assert response["allowed"] is True  # admitted without a group: another controller's
         assert "patch" not in response and "warnings" not in response
 
 

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from webhook.admission.handlers import mutate_pod_review
-from webhook.admission.review import Review
+from webhook.admission.review import Decision, Review
 from webhook.backends.native import POD_GROUP, WORKLOAD, match_group, with_min_counts
 from webhook.backends.native import scheduling_group_op as pod_group_op
 from webhook.core.defaults import with_default_policies
@@ -21,7 +21,7 @@ from webhook.core.plan import Plan, build_plan
 from webhook.kube.cache import Cache
 
 from .builders import parsed, rj, runtime, torch_node, trainjob
-from .harness import fixture, fixture_cache
+from .harness import answering_lookup, decided, fixture, fixture_cache, frozen
 
 GANG: dict[str, Any] = {"gang": {}}
 JSON = st.recursive(
@@ -149,10 +149,16 @@ JOBSET = {"jobset.sigs.k8s.io/jobset-name": "my-job", "jobset.sigs.k8s.io/job-in
 def test_which_pods_get_a_group(
     labels: dict[str, str], spec: dict[str, Any] | None, patched: bool, warned: bool
 ) -> None:
-    decision = mutate_pod_review(pod_review(labels, spec), fixture_cache())
+    cache = fixture_cache()
+    # The API server holds team-a/my-job only (the cache has it): a JobSet pod whose TrainJob
+    # the cache lacks is looked up there.
+    cache.trainjob_lookup, asked = answering_lookup([("team-a", "my-job")])
+    decision = decided(mutate_pod_review(pod_review(labels, spec), cache))
     assert decision.allowed
     assert bool(decision.patch) is patched
     assert bool(decision.warnings) is warned
+    jobset = labels.get("jobset.sigs.k8s.io/jobset-name")
+    assert asked == ([("team-a", jobset)] if jobset not in (None, "my-job") else [])
 
 
 def test_pod_namespace_from_the_object_when_the_request_has_none() -> None:
@@ -173,12 +179,15 @@ def test_pods_of_an_untargeted_replicated_job_get_no_group() -> None:
     tj = trainjob("my-job", num_nodes=2)
     cache = Cache(connected=True)
     cache.cluster_runtimes.replace([rt])
-    cache.trainjobs.replace([tj])
+    cache.trainjobs.replace([frozen(cache, tj)])
+    cache.apis["native"] = "served"
     for name, patched in (("node", True), ("eval", False)):
         labels = {**JOBSET, "jobset.sigs.k8s.io/replicatedjob-name": name}
         review = pod_review(labels)
         review.namespace = tj["metadata"]["namespace"]
-        assert bool(mutate_pod_review(review, cache).patch) is patched
+        decision = mutate_pod_review(review, cache)
+        assert isinstance(decision, Decision) and decision.allowed  # never held
+        assert bool(decision.patch) is patched
 
 
 # --- Workloads and PodGroups -------------------------------------------------------------------

@@ -25,7 +25,14 @@ import kmock
 import pytest
 from kubernetes.aio.client.exceptions import ApiException
 
-from tests.harness import ServerProcess, fixture, make_certs, server_process, webhook_path
+from tests.harness import (
+    ServerProcess,
+    fixture,
+    held_because,
+    make_certs,
+    server_process,
+    webhook_path,
+)
 from tests.kube_emulator import (
     CLUSTER_RUNTIMES,
     LIST,
@@ -52,8 +59,11 @@ from tests.kube_emulator import (
 )
 from tests.nodes import node
 from tests.timing import STALL
+from webhook.core.naming import workload_name
 from webhook.core.nodes import NodeSummary
 from webhook.core.plan import pod_group_for_labels
+from webhook.core.snapshot import SNAPSHOT_ANNOTATION, snapshot
+from webhook.core.trainer import Runtime
 from webhook.kube import client as kube_client
 from webhook.kube.cache import Cache, Store
 from webhook.kube.informer import (
@@ -64,7 +74,22 @@ from webhook.kube.informer import (
     too_large_resource_version,
 )
 
-POD_GROUP = "my-job-f438be8c51"  # the Workload/PodGroup name of team-a/my-job (test_plan.py)
+
+def pod_group_of(trainjob_obj: dict[str, Any]) -> str:
+    """The Workload/PodGroup name of a level-1 TrainJob this release froze (plan version 2:
+    qualified by its uid; test_plan.py)."""
+    meta = trainjob_obj["metadata"]
+    return workload_name(meta["namespace"], meta["name"], meta["uid"])
+
+
+def frozen_by_reconciler(cache: Cache) -> str:
+    """The snapshot annotation the reconciler writes for a TrainJob of torch-distributed: the
+    runtime as this cache holds it."""
+    checked = cache.runtime("ClusterTrainingRuntime", "team-a", "torch-distributed")
+    assert checked is not None
+    return snapshot(checked.runtime)
+
+
 RESOURCES: dict[str, tuple[Resource, kmock.resource]] = {
     "trainjobs": (kube_client.TRAINJOBS, TRAINJOBS),
     "clustertrainingruntimes": (kube_client.CLUSTER_RUNTIMES, CLUSTER_RUNTIMES),
@@ -444,37 +469,55 @@ async def test_plan_for_follows_the_runtime_and_trainjob_in_the_cluster() -> Non
             await eventually(lambda: cache.synced, "all three stores synced")
             assert cache.plan_for("team-a", "my-job").state == "no-trainjob"
 
-            await create(k, CLUSTER_RUNTIMES, cluster_runtime())
-            await create(k, TRAINJOBS, trainjob())
-            await eventually(lambda: cache.plan_for("team-a", "my-job").state == "ok", "a plan")
-            lookup = cache.plan_for("team-a", "my-job")
-            assert lookup.plan is not None
-            assert lookup.plan.pod_group_for("node", 0) == POD_GROUP
-            assert pod_group_for_labels(lookup.plan, pod["metadata"]["labels"]) == POD_GROUP
-            assert cache.plan_for("team-a", "my-job") is lookup  # memoised
+            def state() -> str:
+                return cache.plan_for("team-a", "my-job").state
 
-            # The runtime loses spec.scheduling: the memo must not survive the new version.
-            await patch(
-                k, CLUSTER_RUNTIMES, None, "torch-distributed", {"spec": {"scheduling": None}}
-            )
-            await eventually(
-                lambda: cache.plan_for("team-a", "my-job").state == "no-scheduling", "no plan"
-            )
+            # Before the reconciler froze the runtime into it: no plan, and why follows the
+            # runtime (its pods are held while it would gang them).
+            await create(k, CLUSTER_RUNTIMES, cluster_runtime())
+            created = await create(k, TRAINJOBS, trainjob())
+            await eventually(lambda: state() == "unfrozen", "not frozen yet")
+            unscheduled = {"spec": {"scheduling": None}}
+            await patch(k, CLUSTER_RUNTIMES, None, "torch-distributed", unscheduled)
+            await eventually(lambda: state() == "no-scheduling", "no plan")
             scheduling = cluster_runtime()["spec"]["scheduling"]
             await patch(
                 k, CLUSTER_RUNTIMES, None, "torch-distributed", {"spec": {"scheduling": scheduling}}
             )
-            await eventually(
-                lambda: cache.plan_for("team-a", "my-job").state == "ok", "planned again"
-            )
-            again = cache.plan_for("team-a", "my-job")
-            assert again is not lookup and again.plan is not None
-            assert again.plan.pod_group_for("node", 0) == POD_GROUP
+            await eventually(lambda: state() == "unfrozen", "scheduling again, not frozen")
 
-            await delete(k, CLUSTER_RUNTIMES, None, "torch-distributed")
+            # The reconciler freezes it: planned from the snapshot, named by its uid.
+            frozen = {
+                "metadata": {"annotations": {SNAPSHOT_ANNOTATION: frozen_by_reconciler(cache)}}
+            }
+            await patch(k, TRAINJOBS, "team-a", "my-job", frozen)
+            await eventually(lambda: state() == "ok", "a plan")
+            lookup = cache.plan_for("team-a", "my-job")
+            assert lookup.plan is not None
+            assert lookup.plan.pod_group_for("node", 0) == pod_group_of(created)
+            labels = pod["metadata"]["labels"]
+            assert pod_group_for_labels(lookup.plan, labels) == pod_group_of(created)
+            assert cache.plan_for("team-a", "my-job") is lookup  # memoised
+
+            # Runtime edits affect TrainJobs created afterwards only (KEP-3015): a frozen one
+            # keeps its plan when its runtime loses spec.scheduling or goes.
+            await patch(k, CLUSTER_RUNTIMES, None, "torch-distributed", unscheduled)
             await eventually(
-                lambda: cache.plan_for("team-a", "my-job").state == "no-runtime", "runtime gone"
+                lambda: (
+                    (r := cache.cluster_runtimes.get("", "torch-distributed")) is not None
+                    and r.raw["spec"].get("scheduling") is None
+                ),
+                "the runtime change in the cache",
             )
+            assert cache.plan_for("team-a", "my-job") is lookup
+            await delete(k, CLUSTER_RUNTIMES, None, "torch-distributed")
+            await eventually(lambda: not len(cache.cluster_runtimes), "the runtime gone")
+            assert cache.plan_for("team-a", "my-job") is lookup
+
+            # The snapshot annotation changed (here to a frozen "no gang"): read again.
+            no_gang = {"metadata": {"annotations": {SNAPSHOT_ANNOTATION: snapshot(None)}}}
+            await patch(k, TRAINJOBS, "team-a", "my-job", no_gang)
+            await eventually(lambda: state() == "frozen-no-gang", "frozen without a gang")
             assert len(k[LIST, TRAINING_RUNTIMES]) == 1  # the third informer listed, too
 
 
@@ -583,18 +626,27 @@ async def test_served_pod_reviews_read_the_watched_cache_and_never_the_api(tmp_p
         await eventually(lambda: len(k[LIST, PRIORITY_CLASSES]) == 1, "PriorityClasses listed")
 
         await create(k, CLUSTER_RUNTIMES, cluster_runtime())
-        await create(k, TRAINJOBS, trainjob())
-        expected = {"podGroupName": POD_GROUP}
+        # Frozen as the reconciler (not running here) would have frozen it.
+        tj = trainjob()
+        frozen = snapshot(Runtime.model_validate(cluster_runtime()))
+        tj["metadata"]["annotations"] = {
+            **tj["metadata"].get("annotations", {}),
+            SNAPSHOT_ANNOTATION: frozen,
+        }
+        created = await create(k, TRAINJOBS, tj)
+        expected = {"podGroupName": pod_group_of(created)}
         deadline = time.monotonic() + STALL
         while True:  # until the watches delivered both objects to the service
             answer = (await client.post(path, json=review)).json()
             assert answer["response"]["uid"] == review["request"]["uid"]
-            assert answer["response"]["allowed"] is True
             ops = patch_ops(answer)
             if ops:
                 break
+            # Until then held (its TrainJob exists but is not in the cache yet), never loose.
+            assert held_because(answer["response"]), answer
             assert time.monotonic() < deadline, answer
             await asyncio.sleep(0.05)
+        assert answer["response"]["allowed"] is True
         assert ops == [{"op": "add", "path": "/spec/schedulingGroup", "value": expected}]
 
         before = len(list(k))
@@ -621,10 +673,25 @@ async def test_readyz_stays_503_while_a_list_fails_but_reviews_are_answered(tmp_
             assert answer.status_code == 503
             assert answer.json() == {"status": "not ready", "failing": ["cache:trainjobs"]}
 
+            # A JobSet pod whose TrainJob the cache cannot hold yet: the API server is asked.
+            # No TrainJob my-job: someone else's JobSet, let through untouched.
             response = (await client.post(webhook_path(review, "mutate"), json=review)).json()
             assert response["response"]["allowed"] is True
             assert "patch" not in response["response"]
-            assert any("my-job" in w for w in response["response"]["warnings"])
+            assert "warnings" not in response["response"]
+            assert len(k[kmock.action.FETCH, TRAINJOBS]) == 1
+            # A TrainJob that exists: its pod is held until the cache has it.
+            await create(k, TRAINJOBS, trainjob(name="other-job"))
+            other = copy.deepcopy(review)
+            other["request"]["object"]["metadata"]["labels"]["jobset.sigs.k8s.io/jobset-name"] = (
+                "other-job"
+            )
+            response = (await client.post(webhook_path(other, "mutate"), json=other)).json()
+            assert held_because(response["response"]) == (
+                'TrainJob "other-job" is not in this replica\'s cache yet; its Job creates it '
+                "again shortly (trainjob-scheduling)"
+            )
+            assert len(k[kmock.action.FETCH, TRAINJOBS]) == 2
             runtime_review = fixture("clustertrainingruntime-create-level2.validate.json")
             response = (
                 await client.post(webhook_path(runtime_review, "validate"), json=runtime_review)

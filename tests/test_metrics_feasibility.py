@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from tests.builders import Json, trainjob
+from tests.harness import freeze
 from tests.test_feasibility_admission import CLUSTER, zone_runtime
 from tests.test_metrics_gangs import pod_group, waiting
 from webhook.backends.base import TRAINJOB_LABEL
@@ -25,8 +26,9 @@ def stored(name: str, pods: int, finished: bool = False) -> Json:
 
 
 def waiting_group(job: str) -> dict[str, Any]:
-    """The PodGroup of a level-1 TrainJob (named as its Workload), waiting as Unschedulable."""
-    group = pod_group(workload_name("team-a", job), waiting("Unschedulable"))
+    """The PodGroup of a level-1 TrainJob (named as its Workload, by its uid: plan version 2),
+    waiting as Unschedulable."""
+    group = pod_group(workload_name("team-a", job, f"uid-{job}"), waiting("Unschedulable"))
     group["metadata"]["labels"][TRAINJOB_LABEL] = job
     return group
 
@@ -42,6 +44,7 @@ def test_gangs_that_can_never_fit_and_the_waiting_gangs_headroom() -> None:
     cache.trainjobs.replace(
         [stored("fits", 48), stored("never", 64), stored("never-but-done", 100, finished=True)]
     )
+    freeze(cache)  # as the reconciler does: a TrainJob is planned from its snapshot
     infeasible = "trainjob_scheduling_gangs_infeasible"
     # Before the Nodes are listed nothing is judged: zeros, every reason exported.
     assert sample(metrics, infeasible, backend="native", reason="DomainTooSmall") == 0

@@ -9,18 +9,22 @@ import pytest
 import yaml
 
 from tests.apiserver_rules import objects_errors
+from tests.builders import TRAINJOB_UID as UID
 from tests.builders import parsed, rj, runtime, torch_node, trainjob
 from tests.paths import FIXTURES, SAMPLES
 from webhook.backends.base import Context
 from webhook.backends.native import NativeBackend
+from webhook.core import naming
 from webhook.core.layout import GroupKind
 from webhook.core.plan import Plan, PlanningError, build_plan, pod_group_for_labels
 from webhook.core.trainer import Runtime, TrainJob
 
 
-def plan_of(raw_runtime: dict[str, Any], raw_trainjob: dict[str, Any]) -> Plan:
+def plan_of(
+    raw_runtime: dict[str, Any], raw_trainjob: dict[str, Any], plan_version: int = 2
+) -> Plan:
     rt, tj = parsed(raw_runtime, raw_trainjob)
-    plan = build_plan(tj, rt)
+    plan = build_plan(tj, rt, plan_version)
     assert plan is not None
     return plan
 
@@ -39,11 +43,19 @@ def fixture_object(name: str) -> dict[str, Any]:
 
 
 def test_torch_level_one_gang_of_100() -> None:
-    plan = plan_of(runtime(torch_node(), scheduling={}), trainjob(num_nodes=100))
+    rt, tj = runtime(torch_node(), scheduling={}), trainjob(num_nodes=100)
+    plan = plan_of(rt, tj, plan_version=1)  # was-api.md section 4's names
     (group,) = plan.groups
     assert group.kind is GroupKind.TRAINJOB
     assert (group.policy, group.min_count, group.pod_count) == ("gang", 100, 100)
     assert group.template_name == group.pod_group_name == plan.workload_name == "my-job-f438be8c51"
+    # Version 2 (the default) qualifies the one name by the TrainJob's uid; nothing else changes.
+    plan2 = plan_of(rt, tj)
+    (group2,) = plan2.groups
+    assert (group2.policy, group2.min_count, group2.pod_count) == ("gang", 100, 100)
+    named = naming.workload_name("team-a", "my-job", UID)
+    assert group2.template_name == group2.pod_group_name == plan2.workload_name == named
+    assert named != "my-job-f438be8c51"
 
 
 def test_mpi_launcher_and_node_without_dependency_count_both() -> None:
@@ -151,8 +163,14 @@ def test_ml_policy_without_num_nodes_means_one_node() -> None:
 def test_trainjob_without_namespace_is_named_in_default() -> None:
     tj = trainjob()
     del tj["metadata"]["namespace"]
-    plan = plan_of(runtime(torch_node(), scheduling={}), tj)
+    rt = runtime(torch_node(), scheduling={})
+    plan = plan_of(rt, tj, plan_version=1)
     assert (plan.namespace, plan.workload_name) == ("default", "my-job-4b4041aa94")
+    plan2 = plan_of(rt, tj)
+    assert (plan2.namespace, plan2.workload_name) == (
+        "default",
+        naming.workload_name("default", "my-job", UID),
+    )
 
 
 def test_numnodes_falls_back_to_the_runtime() -> None:
@@ -272,23 +290,34 @@ def test_fixture_pod_from_job_controller_gets_the_level_one_group() -> None:
         fixture_object("clustertrainingruntime-create-level1.validate.json")
     )
     tj = TrainJob.model_validate(fixture_object("trainjob-create.validate.json"))
+    legacy = build_plan(tj, rt, plan_version=1)
+    assert legacy is not None
+    assert pod_group_for_labels(legacy, pod["metadata"]["labels"]) == "my-job-f438be8c51"
     plan = build_plan(tj, rt)
-    assert plan is not None
-    assert pod_group_for_labels(plan, pod["metadata"]["labels"]) == "my-job-f438be8c51"
+    assert plan is not None and tj.metadata.uid
+    assert pod_group_for_labels(plan, pod["metadata"]["labels"]) == naming.workload_name(
+        "team-a", "my-job", tj.metadata.uid
+    )
 
 
 # --- rendering ---------------------------------------------------------------------------------
 
 
-def test_reference_complete_example_renders_exactly() -> None:
-    # was-api.md section 1.8: initializers basic, node gang with a zone constraint, numNodes 8.
-    rt = torchtune(
+def reference_complete_example() -> dict[str, Any]:
+    """was-api.md section 1.8: initializers basic, node gang with a zone constraint."""
+    return torchtune(
         {
             "schedulingPolicy": {"gang": {}},
             "schedulingConstraints": {"topology": [{"key": "topology.kubernetes.io/zone"}]},
         }
     )
-    plan = plan_of(rt, trainjob(num_nodes=8, uid="tj-uid"))
+
+
+def test_reference_complete_example_renders_exactly() -> None:
+    # was-api.md section 1.8 with numNodes 8, under the names it documents (plan version 1,
+    # which running TrainJobs frozen by earlier releases keep).
+    rt = reference_complete_example()
+    plan = plan_of(rt, trainjob(num_nodes=8, uid="tj-uid"), plan_version=1)
     uids = {("Workload", plan.workload_name): "wl-uid"}
     workload, init_pg, node_pg = NativeBackend().render(plan, Context(), uids)
     owner = {
@@ -360,6 +389,46 @@ def test_reference_complete_example_renders_exactly() -> None:
         "schedulingConstraints": zone,
     }
     assert objects_errors([workload, init_pg, node_pg]) == []
+
+
+def test_reference_complete_example_at_plan_version_2_differs_only_in_names_and_a_label() -> None:
+    # The same example as a new TrainJob gets it: the Workload's and the PodGroups' names carry
+    # the TrainJob's uid (templates keep theirs: they live inside the one Workload), and every
+    # object says which plan version named it.
+    rt, tj = reference_complete_example(), trainjob(num_nodes=8, uid="tj-uid")
+    legacy, plan = plan_of(rt, tj, plan_version=1), plan_of(rt, tj)
+    workload_name = naming.workload_name("team-a", "my-job", "tj-uid")
+    init_template = "dataset-initializer-model-initializer-a2400d82a0"
+    init_name = naming.pod_group_name("my-job", init_template, "tj-uid")
+    node_name = naming.pod_group_name("my-job", "node-d1c371e3b1", "tj-uid")
+    assert len({workload_name, init_name, node_name, legacy.workload_name}) == 4
+    assert all(naming.is_dns_label(n) for n in (workload_name, init_name, node_name))
+    assert plan.workload_name == workload_name
+    assert [g.pod_group_name for g in plan.groups] == [init_name, node_name]
+    assert [g.template_name for g in plan.groups] == [g.template_name for g in legacy.groups]
+
+    renamed = {
+        legacy.workload_name: workload_name,
+        "my-job-" + init_template: init_name,
+        "my-job-node-d1c371e3b1": node_name,
+    }
+
+    def as_version_2(obj: Any) -> Any:
+        """A version-1 object as version 2 renders it: names swapped, the label added."""
+        if isinstance(obj, dict):
+            out = {k: as_version_2(v) for k, v in obj.items()}
+            if "trainer.kubeflow.org/trainjob-name" in out:  # the owner labels
+                out["trainjob-scheduling.dev/plan-version"] = "2"
+            return out
+        if isinstance(obj, list):
+            return [as_version_2(v) for v in obj]
+        return renamed.get(obj, obj) if isinstance(obj, str) else obj
+
+    old = NativeBackend().render(legacy, Context(), {("Workload", legacy.workload_name): "wl"})
+    new = NativeBackend().render(plan, Context(), {("Workload", workload_name): "wl"})
+    assert new == as_version_2(old)
+    assert new[0]["metadata"]["labels"]["trainjob-scheduling.dev/plan-version"] == "2"
+    assert objects_errors(new) == []
 
 
 def test_single_disruption_mode_renders_as_single() -> None:

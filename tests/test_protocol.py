@@ -21,6 +21,9 @@ import httpx
 import orjson
 import uvicorn
 
+from webhook.core import naming
+
+from .builders import TRAINJOB_UID
 from .harness import (
     RunningServer,
     fixture,
@@ -32,7 +35,8 @@ from .harness import (
 from .paths import REPO
 
 POD_PATH = "/mutate--v1-pod"
-POD_GROUP = "my-job-f438be8c51"  # the PodGroup the fixture pod is put in
+# The PodGroup the fixture pod is put in (its TrainJob frozen at plan version 2: by its uid).
+POD_GROUP = naming.workload_name("team-a", "my-job", TRAINJOB_UID)
 STALL = 30.0  # seconds: only a stalled server takes this long
 
 

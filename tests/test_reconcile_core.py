@@ -6,15 +6,25 @@ import asyncio
 import copy
 from typing import Any
 
+import orjson
 import pytest
 
 from tests.builders import rj, runtime, torch_node, trainjob
 from tests.timing import STALL
 from webhook.backends.native import pod_group, pod_group_drift, workload, workload_drift
+from webhook.core import naming
 from webhook.core.fields import parse
 from webhook.core.ownership import controlled_by
 from webhook.core.plan import Plan, build_plan
-from webhook.core.snapshot import SNAPSHOT_ANNOTATION, from_annotations, snapshot
+from webhook.core.snapshot import (
+    LEGACY_PLAN_VERSION,
+    PLAN_VERSION,
+    SNAPSHOT_ANNOTATION,
+    Frozen,
+    from_annotations,
+    from_text,
+    snapshot,
+)
 from webhook.core.trainer import Runtime, TrainJob
 from webhook.core.validation import check_stored_runtime
 from webhook.kube.events import EventRecorder
@@ -156,15 +166,87 @@ def test_the_snapshot_plans_exactly_as_the_runtime_and_drops_what_planning_ignor
     assert "last-applied" not in text and "image" not in text and len(text) < 1500
     assert '"containers":[{"name":"node"}]' in text
     frozen = from_annotations({SNAPSHOT_ANNOTATION: text})
-    assert frozen is not None
-    before, after = check_stored_runtime(rt), check_stored_runtime(frozen)
+    assert frozen is not None and frozen.runtime is not None
+    assert frozen.version == PLAN_VERSION == 2  # what this release writes
+    before, after = check_stored_runtime(rt), check_stored_runtime(frozen.runtime)
     assert (before.layout, before.verdict) == (after.layout, after.verdict)
     tj, _ = parse(TrainJob, trainjob(num_nodes=4))
     assert tj is not None
-    assert build_plan(tj, rt) == build_plan(tj, frozen)
+    assert build_plan(tj, rt) == build_plan(tj, frozen.runtime, frozen.version)
 
 
-@pytest.mark.parametrize("value", [None, "", "{not json", "[1, 2]"])
+def level2_runtime() -> Runtime:
+    raw = runtime(
+        rj("dataset-initializer", ancestor="dataset-initializer"),
+        torch_node(depends=[("dataset-initializer", "Complete")]),
+        scheduling=LEVEL2,
+    )
+    rt, _ = parse(Runtime, raw)
+    assert rt is not None
+    return rt
+
+
+def test_a_version_2_snapshot_round_trips() -> None:
+    text = snapshot(level2_runtime())
+    assert orjson.loads(text).keys() == {"planVersion", "runtime"}
+    frozen = from_text(text)
+    assert frozen is not None and frozen.version == 2 and frozen.runtime is not None
+    assert snapshot(frozen.runtime) == text  # read back and written again: the same text
+    assert from_annotations({SNAPSHOT_ANNOTATION: text}) == frozen
+
+
+def test_a_version_1_snapshot_is_the_bare_runtime_and_plans_the_legacy_names() -> None:
+    # What releases before plan versions wrote: the runtime's JSON alone.
+    rt = level2_runtime()
+    legacy_text = orjson.dumps(orjson.loads(snapshot(rt))["runtime"]).decode()
+    frozen = from_annotations({SNAPSHOT_ANNOTATION: legacy_text})
+    assert frozen is not None and frozen.runtime is not None
+    assert frozen.version == LEGACY_PLAN_VERSION == 1
+    assert snapshot(frozen.runtime) == snapshot(rt)  # the same runtime as version 2 holds
+    tj, _ = parse(TrainJob, trainjob(num_nodes=4))
+    assert tj is not None and tj.metadata.uid
+    plan = build_plan(tj, frozen.runtime, frozen.version)
+    assert plan is not None and plan.plan_version == 1
+    # Its gang keeps the names it was made with (no uid in them): an upgrade renames nothing.
+    assert plan.workload_name == naming.workload_name("team-a", "my-job") == "my-job-f438be8c51"
+    current = build_plan(tj, frozen.runtime)
+    assert current is not None
+    assert current.workload_name == naming.workload_name("team-a", "my-job", tj.metadata.uid)
+    assert current.workload_name != plan.workload_name
+
+
+@pytest.mark.parametrize(
+    "text", ['{"planVersion":2,"runtime":null}', '{"runtime": null, "planVersion": 2}']
+)
+def test_runtime_null_is_a_frozen_no_gang(text: str) -> None:
+    assert snapshot(None) == '{"planVersion":2,"runtime":null}'
+    assert from_annotations({SNAPSHOT_ANNOTATION: text}) == Frozen(2, None)
+    assert from_text(snapshot(None)) == Frozen(2, None)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        None,
+        "",
+        "{not json",
+        "[1, 2]",
+        "null",
+        # A plan version newer than this release knows: planning it by older rules would guess.
+        '{"planVersion": 3, "runtime": null}',
+        '{"planVersion": 3, "runtime": {"metadata": {"name": "rt"}}}',
+        # Versions no release writes, or not an integer.
+        '{"planVersion": 1, "runtime": {"metadata": {"name": "rt"}}}',
+        '{"planVersion": 0, "runtime": null}',
+        '{"planVersion": "2", "runtime": null}',
+        '{"planVersion": 2.0, "runtime": null}',
+        '{"planVersion": true, "runtime": null}',
+        '{"planVersion": null, "runtime": null}',
+        # A version 2 whose runtime is neither an object nor null.
+        '{"planVersion": 2, "runtime": [1]}',
+        '{"planVersion": 2, "runtime": "rt"}',
+    ],
+)
 def test_an_unreadable_snapshot_is_no_snapshot(value: str | None) -> None:
     annotations = {} if value is None else {SNAPSHOT_ANNOTATION: value}
     assert from_annotations(annotations) is None

@@ -29,8 +29,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from tests.apiserver_rules import objects_errors
-from tests.builders import Json, rj, runtime, torch_node, trainjob
-from tests.harness import fixture, running_server
+from tests.builders import TRAINJOB_UID, Json, rj, runtime, torch_node, trainjob
+from tests.harness import fixture, frozen, held_because, running_server
 from tests.kube_emulator import (
     CLUSTER_RUNTIMES,
     COMPOSITE_POD_GROUPS,
@@ -48,6 +48,7 @@ from tests.test_properties import _check_plan, runtimes, trainjobs
 from tests.test_reconciler import NS, events, objects, stored, world
 from webhook.backends.base import Context
 from webhook.backends.native import COMPOSITE, NativeBackend
+from webhook.core import naming
 from webhook.core.layout import CompositeKind, is_multi_level
 from webhook.core.plan import Plan, build_plan, pod_group_for_labels
 from webhook.core.trainer import Runtime, TrainJob
@@ -61,11 +62,19 @@ SLICE = {"name": "slice", "resourceClaimTemplateName": "tpu-slice"}
 RUNTIME_PATH = "/validate-trainer-kubeflow-org-v1alpha1-clustertrainingruntime"
 
 
-def plan_of(raw_runtime: Json, num_nodes: int = 4, name: str = "my-job") -> Plan:
+def plan_of(
+    raw_runtime: Json,
+    num_nodes: int = 4,
+    name: str = "my-job",
+    *,
+    uid: str = TRAINJOB_UID,
+    plan_version: int = 2,
+) -> Plan:
     assert validate_runtime(raw_runtime).errors == (), validate_runtime(raw_runtime).errors
     plan = build_plan(
-        TrainJob.model_validate(trainjob(name, num_nodes=num_nodes)),
+        TrainJob.model_validate(trainjob(name, num_nodes=num_nodes, uid=uid)),
         Runtime.model_validate(raw_runtime),
+        plan_version,
     )
     assert plan is not None
     return plan
@@ -97,7 +106,7 @@ def zone_block_rack() -> Json:
 
 
 def test_zone_block_rack() -> None:
-    plan = plan_of(zone_block_rack())
+    plan = plan_of(zone_block_rack(), plan_version=1)  # the names earlier releases gave
     root, block = plan.composites
     assert (root.kind, root.policy, root.min_group_count, root.topology_key) == (
         CompositeKind.TRAINJOB, "gang", 1, "topology.kubernetes.io/zone"
@@ -132,6 +141,42 @@ def test_zone_block_rack() -> None:
         "name": plan.workload_name, "uid": "w-uid",
     }  # fmt: skip
     assert [pg["spec"]["parentCompositePodGroupName"] for pg in rest[2:]] == [block.name] * 2
+
+
+def test_zone_block_rack_at_plan_version_2_and_a_jobset_restart() -> None:
+    # A new TrainJob's tree: the Workload, the composites and the leaves carry its uid, the
+    # templates inside the Workload keep their names; a JobSet restart gets composites and
+    # leaves of its own (a new gang of gangs), linked to each other, under the same Workload.
+    legacy, plan = plan_of(zone_block_rack(), plan_version=1), plan_of(zone_block_rack())
+    root, block = plan.composites
+    assert root.name == root.template_name == plan.workload_name
+    assert plan.workload_name == naming.workload_name(NS, "my-job", TRAINJOB_UID)
+    assert block.template_name == legacy.composites[1].template_name
+    assert block.name == naming.pod_group_name("my-job", block.template_name, TRAINJOB_UID)
+    assert block.parent_name == root.name
+    for leaf, old in zip(plan.groups, legacy.groups, strict=True):
+        assert leaf.template_name == old.template_name
+        assert leaf.pod_group_name == naming.pod_group_name(
+            "my-job", leaf.template_name, TRAINJOB_UID
+        )
+        assert leaf.parent_name == block.name
+    rendered(plan)
+
+    again = plan.at_attempt(1)
+    assert again.attempt == 1 and again.workload_name == plan.workload_name
+    new_root, new_block = again.composites
+    assert new_root.name == naming.for_attempt(root.name, 1) != root.name
+    assert new_block.name == naming.for_attempt(block.name, 1) != block.name
+    assert new_block.parent_name == new_root.name
+    for leaf, before in zip(again.groups, plan.groups, strict=True):
+        assert leaf.template_name == before.template_name
+        assert leaf.pod_group_name == naming.for_attempt(before.pod_group_name, 1)
+        assert leaf.parent_name == new_block.name
+    restarted = rendered(again)
+    names = {o["metadata"]["name"] for o in restarted[1:]}
+    assert not names & {o["metadata"]["name"] for o in rendered(plan)[1:]}  # none shared
+    assert plan.at_attempt(0) is plan and again.at_attempt(1) is again
+    assert legacy.at_attempt(1) is legacy  # version 1: one set of names for every attempt
 
 
 def tpu_slices(slices: int = 4) -> Json:
@@ -316,12 +361,12 @@ def test_the_pod_webhook_ties_each_pod_to_its_leaf_over_https(tmp_path: Path) ->
     tree_runtime = zone_block_rack() | {"metadata": {"name": "torch-distributed"}}
     tj = tree_trainjob()
     tj["spec"]["runtimeRef"] = {"name": "torch-distributed"}
-    tj["metadata"]["uid"] = "cc796b1d-9ea6-4b50-811c-c860fd20eaa5"
+    tj["metadata"]["uid"] = TRAINJOB_UID
     plan = plan_of(tree_runtime)
     cache = Cache(connected=True)
     cache.cluster_runtimes.replace([tree_runtime])
     cache.training_runtimes.replace([])
-    cache.trainjobs.replace([tj])
+    cache.trainjobs.replace([frozen(cache, tj)])
     cache.apis["native"] = "served"
     cache.kind_states[COMPOSITE] = "served"
     review = fixture("pod-create-by-job-controller.mutate.json")
@@ -341,10 +386,13 @@ def test_the_pod_webhook_ties_each_pod_to_its_leaf_over_https(tmp_path: Path) ->
             assert answer["allowed"] is True
             assert ops == [{"op": "add", "path": "/spec/schedulingGroup",
                             "value": {"podGroupName": leaf.pod_group_name}}], ops  # fmt: skip
-        # Without CompositePodGroups served the tree is never made: nothing to tie to.
+        # Without CompositePodGroups served the tree is never made: held, never loose.
         cache.kind_states[COMPOSITE] = "not-served"
         answer, ops = tie(0)
-        assert answer["allowed"] is True and ops == []
+        assert held_because(answer) == (
+            "its tree needs CompositePodGroups, not served; its Job creates it again shortly "
+            "(trainjob-scheduling)"
+        )
 
 
 def test_plan_prints_the_tree(tmp_path: Path) -> None:
@@ -524,7 +572,7 @@ async def test_the_reconciler_builds_repairs_suspends_resumes_and_removes_a_tree
     async with world(composites=True) as w:
         await create(w.k, CLUSTER_RUNTIMES, zone_block_rack() | {"metadata": {"name": "rt"}})
         tj = await create(w.k, TRAINJOBS, tree_trainjob())
-        plan = plan_of(zone_block_rack() | {"metadata": {"name": "rt"}})
+        plan = plan_of(zone_block_rack() | {"metadata": {"name": "rt"}}, uid=tj["metadata"]["uid"])
         want_composites = sorted(c.name for c in plan.composites)
         want_groups = sorted(g.pod_group_name for g in plan.groups)
 

@@ -75,11 +75,14 @@ import httpx
 import orjson
 
 from tests.bench.children import child_setup
+from tests.builders import TRAINJOB_UID
 from tests.harness import fixture, fixture_cache, free_port, make_certs, webhook_path
+from webhook.core import naming
 
 POD_FIXTURE = "pod-create-by-job-controller.mutate.json"
 RUNTIME_FIXTURE = "clustertrainingruntime-create-level2.validate.json"
-POD_GROUP = "my-job-f438be8c51"  # the PodGroup the fixture pod must be put in
+# The PodGroup the fixture pod must be put in (its TrainJob frozen at plan version 2: by its uid).
+POD_GROUP = naming.workload_name("team-a", "my-job", TRAINJOB_UID)
 SERVER_CPU = 0
 CLIENT_CPU = 1
 POD_CPU_GOAL = 250e-6  # seconds of the service's CPU per pod review, at most
