@@ -448,12 +448,12 @@ async def test_drift_on_an_immutable_field_of_a_running_gang_is_said_not_torn_do
             await delete(s.k, PODS, NS, o.raw["metadata"]["name"])
         await pods_gone(s.k)
 
+        planned = workload["spec"]["podGroupTemplates"][0].get("schedulingConstraints")
+
         def as_planned() -> bool:
             found = stored(s.k, WORKLOADS, workload_name) or {"spec": {}}
             templates = found["spec"].get("podGroupTemplates") or [{}]
-            return templates[0].get("schedulingConstraints") == workload["spec"][
-                "podGroupTemplates"
-            ][0].get("schedulingConstraints")
+            return bool(templates[0].get("schedulingConstraints") == planned)
 
         await eventually(as_planned, "the Workload made again as planned")
 
