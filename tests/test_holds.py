@@ -56,8 +56,12 @@ def freeze(cache: Cache, text: str | None = None) -> None:
 
 
 def ganged_cache() -> Cache:
+    """The fixtures' cache, its TrainJob not frozen yet (the reconciler has not passed)."""
     cache = fixture_cache()
     cache.apis["native"] = "served"
+    raw = trainjob_raw(cache)
+    raw["metadata"].get("annotations", {}).pop(SNAPSHOT_ANNOTATION, None)
+    cache.trainjobs.replace([raw])
     return cache
 
 
