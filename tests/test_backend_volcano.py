@@ -36,6 +36,7 @@ from tests.kube_emulator import (
 from tests.test_properties import runtimes, trainjobs
 from tests.test_reconciler import events, objects, stored, uid, world
 from webhook.admission.handlers import mutate_pod_review
+from webhook.admission.review import Decision
 from webhook.admission.review import parse as parse_review
 from webhook.backends.base import ClusterFacts, Context, GangStatus, is_managed
 from webhook.backends.registry import default_backends
@@ -679,7 +680,7 @@ def tie_pod(cache: Cache, replicated_job: str) -> Json:
     """The pod webhook's answer for a new pod of the TrainJob, from the reconciler's cache."""
     review = pod_review(replicated_job)
     decision = mutate_pod_review(parse_review(orjson.dumps(review)), cache)
-    assert decision.patch is not None
+    assert isinstance(decision, Decision) and decision.patch is not None  # from the cache
     result: Json = jsonpatch.apply_patch(review["request"]["object"], decision.patch)
     return result
 

@@ -166,7 +166,8 @@ def test_pod_namespace_from_the_object_when_the_request_has_none() -> None:
     review.namespace = ""
     assert review.object is not None
     review.object["metadata"]["namespace"] = "team-a"
-    assert mutate_pod_review(review, fixture_cache()).patch
+    decision = mutate_pod_review(review, fixture_cache())
+    assert isinstance(decision, Decision) and decision.patch
 
 
 def test_pods_of_an_untargeted_replicated_job_get_no_group() -> None:
