@@ -243,6 +243,24 @@ class RunningServer:
         self.thread.join(timeout=30)
 
 
+def local_settings(cert_dir: Path, **more: Any) -> tuple[Settings, ReloadingContext]:
+    """`serve`'s settings on free local ports, with certificates in `cert_dir` (made if
+    missing), and the TLS context they load (any other `Settings` given by name)."""
+    if not (cert_dir / "tls.crt").exists():
+        make_certs(cert_dir)
+    settings = Settings(
+        host="127.0.0.1",
+        port=free_port(),
+        health_port=free_port(),
+        metrics_port=free_port(),
+        cert_dir=cert_dir,
+        **more,
+    )
+    tls = ReloadingContext(cert_dir / "tls.crt", cert_dir / "tls.key")
+    tls.reload()
+    return settings, tls
+
+
 @contextlib.contextmanager
 def running_server(
     cache: Cache,
@@ -255,21 +273,13 @@ def running_server(
 ) -> Iterator[RunningServer]:
     """The service's own `Service` (webhooks + probes) in a thread, with the given cache (and
     any other `Settings` given by name)."""
-    if not (cert_dir / "tls.crt").exists():
-        make_certs(cert_dir)
-    settings = Settings(
-        host="127.0.0.1",
-        port=free_port(),
-        health_port=free_port(),
-        metrics_port=free_port(),
-        cert_dir=cert_dir,
+    settings, tls = local_settings(
+        cert_dir,
         cert_poll_seconds=cert_poll_seconds,
         shutdown_timeout=shutdown_timeout,
         limits=limits or Limits(),
         **more,
     )
-    tls = ReloadingContext(cert_dir / "tls.crt", cert_dir / "tls.key")
-    tls.reload()
     service = Service(settings, cache, tls, review_log)
     server = RunningServer(
         url=f"https://localhost:{settings.port}",

@@ -27,7 +27,7 @@ import kmock
 import orjson
 import pytest
 
-from tests.harness import fixture, free_port, make_certs
+from tests.harness import fixture, local_settings
 from tests.kube_emulator import (
     CLUSTER_RUNTIMES,
     POD_GROUPS,
@@ -50,8 +50,6 @@ from webhook.core import naming
 from webhook.core.snapshot import SNAPSHOT_ANNOTATION
 from webhook.kube.lookup import TrainJobLookup, api_ask
 from webhook.server.run import Service as WebhookService
-from webhook.server.run import Settings
-from webhook.tls.reload import ReloadingContext
 
 pytestmark = pytest.mark.asyncio
 POD_PATH = "/mutate--v1-pod"
@@ -61,18 +59,7 @@ REVIEW = fixture("pod-create-by-job-controller.mutate.json")
 @contextlib.asynccontextmanager
 async def webhook(service: Service, cert_dir: Path) -> AsyncIterator[httpx.AsyncClient]:
     """The service's webhooks over HTTPS, on this loop, answering from `service.cache`."""
-    make_certs(cert_dir)
-    settings = Settings(
-        host="127.0.0.1",
-        port=free_port(),
-        health_port=free_port(),
-        metrics_port=free_port(),
-        metrics_auth=None,
-        cert_dir=cert_dir,
-        shutdown_timeout=2.0,
-    )
-    tls = ReloadingContext(cert_dir / "tls.crt", cert_dir / "tls.key")
-    tls.reload()
+    settings, tls = local_settings(cert_dir, metrics_auth=None, shutdown_timeout=2.0)
     server = WebhookService(settings, service.cache, tls, None)
     task = asyncio.create_task(server.run([]))
     verify = ssl.create_default_context(cafile=str(cert_dir / "ca.crt"))

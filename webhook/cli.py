@@ -9,10 +9,10 @@ import logging
 import os
 import pathlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from importlib import resources
 from importlib.resources.abc import Traversable
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 import yaml
 
@@ -27,6 +27,7 @@ from .core.validation import CheckedRuntime, Verdict, check_trainjob, runtime_la
 from .tls.policy import CIPHER_SUITES, TLS_VERSIONS, TlsPolicy
 
 EXIT_INVALID = 1
+T = TypeVar("T")
 EXIT_USAGE = 2
 
 
@@ -308,27 +309,42 @@ def _add_explain(commands: Any) -> None:
     explain.add_argument("name", metavar="NAME")
     explain.add_argument("-n", "--namespace", help="default: the kubeconfig context's")
     explain.add_argument("-o", "--output", choices=["text", "json"], default="text")
-    explain.add_argument("--kubeconfig", help="default: $KUBECONFIG, else ~/.kube/config")
-    explain.add_argument("--context", help="a kubeconfig context (default: the current one)")
+    _add_cluster_flags(explain)
+
+
+def _add_cluster_flags(command: argparse.ArgumentParser) -> None:
+    """Which cluster a client command talks to (with the user's kubeconfig)."""
+    command.add_argument("--kubeconfig", help="default: $KUBECONFIG, else ~/.kube/config")
+    command.add_argument("--context", help="a kubeconfig context (default: the current one)")
+
+
+def _on_cluster(args: argparse.Namespace, work: Callable[[Any, str], Awaitable[T]]) -> T:
+    """`work(api, namespace)` against the cluster `--kubeconfig`/`--context` name (the
+    context's namespace), its connection closed after; ExplainError when it cannot connect."""
+    from .explain.gather import connect
+
+    async def run() -> T:
+        cluster = await connect(args.kubeconfig, args.context)
+        try:
+            return await work(cluster.api, cluster.namespace)
+        finally:
+            close: Any = cluster.api.close  # untyped in the client
+            await close()
+
+    return asyncio.run(run())
 
 
 def explain_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     import json
 
-    from .explain.gather import ExplainError, connect, gather
+    from .explain.gather import ExplainError, gather
     from .explain.report import build, render
 
-    async def explain() -> dict[str, Any]:
-        cluster = await connect(args.kubeconfig, args.context)
-        try:
-            found = await gather(cluster.api, args.namespace or cluster.namespace, args.name)
-        finally:
-            close: Any = cluster.api.close  # untyped in the client
-            await close()
-        return build(found)
+    async def explain(api: Any, namespace: str) -> dict[str, Any]:
+        return build(await gather(api, args.namespace or namespace, args.name))
 
     try:
-        report = asyncio.run(explain())
+        report = _on_cluster(args, explain)
     except ExplainError as exc:
         print(f"error: {exc}", file=err)
         return EXIT_INVALID
@@ -354,26 +370,19 @@ def _add_uninstall(commands: Any) -> None:
     uninstall.add_argument(
         "--dry-run", action="store_true", help="only list what would be removed, change nothing"
     )
-    uninstall.add_argument("--kubeconfig", help="default: $KUBECONFIG, else ~/.kube/config")
-    uninstall.add_argument("--context", help="a kubeconfig context (default: the current one)")
+    _add_cluster_flags(uninstall)
 
 
 def uninstall_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from .explain.gather import ExplainError, connect
+    from .explain.gather import ExplainError
     from .kube.uninstall import Summary, clean_up, service_present
 
-    async def uninstall() -> tuple[Summary, bool]:
-        cluster = await connect(args.kubeconfig, args.context)
-        try:
-            present = await service_present(cluster.api)
-            done = await clean_up(cluster.api, args.namespace, dry_run=args.dry_run)
-        finally:
-            close: Any = cluster.api.close  # untyped in the client
-            await close()
-        return done, present
+    async def uninstall(api: Any, _: str) -> tuple[Summary, bool]:
+        present = await service_present(api)
+        return await clean_up(api, args.namespace, dry_run=args.dry_run), present
 
     try:
-        summary, present = asyncio.run(uninstall())
+        summary, present = _on_cluster(args, uninstall)
     except ExplainError as exc:
         print(f"error: {exc}", file=err)
         return EXIT_INVALID
