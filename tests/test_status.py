@@ -193,6 +193,16 @@ async def with_its_gang(s: Service) -> str:
     return name
 
 
+async def a_scheduled_gang(s: Service) -> str:
+    """The runtime, the TrainJob, its 4 pods (tied, bound) and the scheduler's word that the
+    gang is scheduled; returns its PodGroup's name."""
+    group = await with_its_gang(s)
+    for i in range(NUM_NODES):
+        await create(s.k, PODS, pod(i))
+    await scheduler_says(s, group, "True", "Scheduled", "")
+    return group
+
+
 async def scheduler_says(s: Service, group: str, status: str, reason: str, message: str) -> None:
     condition = {
         "type": "PodGroupInitiallyScheduled",
@@ -254,10 +264,7 @@ async def test_scheduled_then_degraded_then_back(monkeypatch: pytest.MonkeyPatch
     # Long enough that the check "not at once" below holds on a loaded machine.
     monkeypatch.setattr(status_module, "RECOUNT_AFTER", 4.0)
     async with service() as s:
-        group = await with_its_gang(s)
-        for i in range(NUM_NODES):
-            await create(s.k, PODS, pod(i))
-        await scheduler_says(s, group, "True", "Scheduled", "")
+        group = await a_scheduled_gang(s)
         scheduled = await condition_is(s.k, cond.SCHEDULED, "True")
         assert scheduled["message"] == f"gang {group} is scheduled"
         # A node fails: its pod is gone.
@@ -299,10 +306,7 @@ async def test_untied_pods_of_a_gang_are_said_counted_and_cleared(
     TrainJob, and both go once the pod is gone."""
     monkeypatch.setattr(status_module, "RECOUNT_AFTER", 4.0)
     async with service() as s:
-        group = await with_its_gang(s)
-        for i in range(NUM_NODES):
-            await create(s.k, PODS, pod(i))
-        await scheduler_says(s, group, "True", "Scheduled", "")
+        group = await a_scheduled_gang(s)
         await condition_is(s.k, cond.SCHEDULED, "True")
         assert s.sample("trainjob_scheduling_gangs_with_untied_pods") == 0
         await create(s.k, PODS, pod(4, bound=False, phase="Pending", tied=False))
@@ -330,10 +334,7 @@ async def test_untied_pods_of_a_gang_are_said_counted_and_cleared(
 
 async def test_a_suspended_trainjob_is_suspended_never_degraded() -> None:
     async with service() as s:
-        group = await with_its_gang(s)
-        for i in range(NUM_NODES):
-            await create(s.k, PODS, pod(i))
-        await scheduler_says(s, group, "True", "Scheduled", "")
+        await a_scheduled_gang(s)
         await condition_is(s.k, cond.SCHEDULED, "True")
         await patch(s.k, TRAINJOBS, NS, NAME, {"spec": {"suspend": True}})
         for i in range(NUM_NODES):  # JobSet deletes the pods of a suspended job
@@ -497,10 +498,7 @@ async def test_fields_the_api_server_dropped_name_the_feature_gate() -> None:
 
 async def test_a_replica_that_stops_leading_stops_counting_degraded_gangs() -> None:
     async with service() as s:
-        group = await with_its_gang(s)
-        for i in range(NUM_NODES):
-            await create(s.k, PODS, pod(i))
-        await scheduler_says(s, group, "True", "Scheduled", "")
+        await a_scheduled_gang(s)
         await condition_is(s.k, cond.SCHEDULED, "True")
         await delete(s.k, PODS, NS, f"{NAME}-node-0-0-x")
         await condition_is(s.k, cond.DEGRADED)
@@ -564,10 +562,7 @@ async def degraded_by_a_first_leader(k: VersionedEmulator, url: str) -> dict[str
     which then stops; returns the Degraded condition."""
     first = Service(k, url, identity="first")
     try:
-        group = await with_its_gang(first)
-        for i in range(NUM_NODES):
-            await create(k, PODS, pod(i))
-        await scheduler_says(first, group, "True", "Scheduled", "")
+        await a_scheduled_gang(first)
         await condition_is(k, cond.SCHEDULED, "True")
         await delete(k, PODS, NS, f"{NAME}-node-0-3-x")
         degraded = await condition_is(k, cond.DEGRADED)
