@@ -639,7 +639,7 @@ KEYS: list[tuple[str, str, str, str, str, str]] = [
     ("webhook.kube.store", "LAST_APPLIED", "annotation", "every cached object", "dropped",
      "`kubectl apply`'s copy of the object: left out of the watch cache with `managedFields` "
      "(nothing reads them; [sizing](../architecture/benchmarks.md))"),
-    ("webhook.kube.gangpods", "RESTART_ATTEMPT", "label", "pod", "read (pod watch)",
+    ("webhook.core.plan", "RESTART_ATTEMPT", "label", "pod", "read (pod webhook, pod watch)",
      "JobSet's restart attempt (0, then one more per restart): a TrainJob's newest among its "
      "pending or running pods is the attempt its gang is for"),
     ("webhook.kube.feasibility", "MODE_ANNOTATION", "annotation",

@@ -7,8 +7,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from webhook.core.plan import JOB_INDEX, JOBSET_NAME, REPLICATED_JOB_NAME
-from webhook.kube.gangpods import RESTART_ATTEMPT, GangPods, state_of
+from webhook.core.plan import JOB_INDEX, JOBSET_NAME, REPLICATED_JOB_NAME, RESTART_ATTEMPT
+from webhook.kube.gangpods import GangPods, state_of
 
 
 def pod(

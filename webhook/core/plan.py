@@ -114,11 +114,15 @@ class Plan:
     """How names are made (core/snapshot.py): 1 without incarnation or restart attempts."""
     attempt: int = 0
     """The JobSet restart attempt whose PodGroups this plan names (`at_attempt`)."""
+    _restarted: list[Plan] = field(init=False, repr=False, compare=False, hash=False)
     _members: dict[tuple[str, int | None], GroupPlan] = field(
         init=False, repr=False, compare=False, hash=False
     )
 
     def __post_init__(self) -> None:
+        # The last restart attempt's plan (`at_attempt`): a restarted gang's pods ask for it
+        # one review after another; one slot, whatever attempts a label claims.
+        object.__setattr__(self, "_restarted", [])
         members: dict[tuple[str, int | None], GroupPlan] = {}
         for g in self.groups:
             for rj in g.replicated_jobs:
@@ -142,6 +146,11 @@ class Plan:
         keeps one set of names for every attempt, as the releases that wrote it did."""
         if self.plan_version < 2 or attempt == self.attempt:
             return self
+        if self.attempt:  # names of attempt k are not renamed again
+            raise ValueError("at_attempt is asked of the plan of attempt 0")
+        restarted: list[Plan] = self._restarted
+        if restarted and restarted[0].attempt == attempt:
+            return restarted[0]
         renamed = {c.name: naming.for_attempt(c.name, attempt) for c in self.composites}
 
         def parent(name: str | None) -> str | None:
@@ -159,7 +168,9 @@ class Plan:
             dataclasses.replace(c, name=renamed[c.name], parent_name=parent(c.parent_name))
             for c in self.composites
         )
-        return dataclasses.replace(self, groups=groups, composites=composites, attempt=attempt)
+        plan = dataclasses.replace(self, groups=groups, composites=composites, attempt=attempt)
+        restarted[:] = [plan]
+        return plan
 
 
 def group_for_labels(plan: Plan, labels: Mapping[str, str]) -> GroupPlan | None:

@@ -26,7 +26,7 @@ from ..backends.registry import default_backends
 from ..core.fields import parse
 from ..core.kueue import QUEUE_LABEL
 from ..core.nodes import NodeSummary
-from ..core.plan import JOBSET_NAME, Plan, PlanningError, attempt_of, build_plan
+from ..core.plan import JOBSET_NAME, Plan, PlanningError, build_plan
 from ..core.snapshot import PLAN_VERSION, from_text, snapshot_of
 from ..core.trainer import (
     NAMESPACED_RUNTIME_KIND,
@@ -36,6 +36,7 @@ from ..core.trainer import (
 from ..core.validation import check_stored_runtime
 from ..kube import rest
 from ..kube.client import CLUSTER_RUNTIMES, TRAINING_RUNTIMES, TRAINJOBS
+from ..kube.gangpods import attempt_of
 
 Json = dict[str, Any]
 PAGE = 500
@@ -179,15 +180,8 @@ async def gather(api: ApiClient, namespace: str, name: str) -> Findings:
 
 def _attempt(pods: list[Json]) -> int:
     """The newest JobSet restart attempt among pods not being deleted (0 without any)."""
-    newest = 0
-    for pod in pods:
-        meta = pod.get("metadata")
-        if not isinstance(meta, dict) or meta.get("deletionTimestamp"):
-            continue
-        labels = meta.get("labels")
-        attempt = attempt_of(labels) if isinstance(labels, dict) else None
-        newest = max(newest, attempt or 0)
-    return newest
+    present = (p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp"))
+    return max(map(attempt_of, present), default=0)
 
 
 async def _runtime(api: ApiClient, found: Findings) -> None:

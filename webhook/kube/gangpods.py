@@ -21,13 +21,12 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from ..core.plan import JOB_INDEX, JOBSET_NAME, REPLICATED_JOB_NAME
+from ..core.plan import attempt_of as labels_attempt
 from .store import EventType
 
 PENDING, LIVE, SUCCEEDED, LOST = 0, 1, 2, 3
 PRESENT = (PENDING, LIVE)  # the states a pod holds (or waits for) a place in its gang in
 SELECTOR = JOBSET_NAME  # the label selector of the watch: every pod JobSet made
-RESTART_ATTEMPT = "jobset.sigs.k8s.io/restart-attempt"  # JobSet's: 0, then +1 per restart
-MAX_ATTEMPT = 2**31  # an attempt label at or above it is not JobSet's (int32): ignored
 MAX_PODS_PER_JOB = 100_000  # a Job's pods remembered; far above any real Job's
 MAX_SHAPES_PER_JOB = 64  # shared tuples a Job keeps; past it, started again (attempts churned)
 TrainJobKey = tuple[str, str]  # (namespace, JobSet name = TrainJob name)
@@ -118,15 +117,11 @@ def state_of(raw: Mapping[str, Any]) -> int:
 
 
 def attempt_of(raw: Mapping[str, Any]) -> int:
-    """A pod's JobSet restart attempt (its label); 0 when absent or not a number JobSet
-    writes."""
+    """A pod's JobSet restart attempt (its label, read as the pod webhook reads it); 0 when
+    absent or not a count JobSet writes."""
     meta = raw.get("metadata")
     labels = meta.get("labels") if isinstance(meta, dict) else None
-    value = labels.get(RESTART_ATTEMPT) if isinstance(labels, dict) else None
-    if not (isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 10):
-        return 0
-    attempt = int(value)
-    return attempt if attempt < MAX_ATTEMPT else 0
+    return (labels_attempt(labels) or 0) if isinstance(labels, dict) else 0
 
 
 def is_untied(raw: Mapping[str, Any]) -> bool:
