@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 import yaml
 
@@ -330,3 +331,19 @@ def test_a_trainjob_un_finished_by_a_later_event_is_whole_again() -> None:
     assert entry is not None
     assert entry.raw["metadata"]["labels"] == raw["metadata"]["labels"]
     assert entry.raw["metadata"]["annotations"]["team/owner"] == "alice"
+
+
+def test_trainjobs_frozen_from_one_runtime_share_one_copy_of_its_snapshot() -> None:
+    raw = frozen(WHOLE, as_stored(fixture("trainjob-create.validate.json")["request"]["object"]))
+    one, other = (orjson.loads(orjson.dumps(raw)) for _ in range(2))  # as two watch events
+    assert snapshot_of(one) is not snapshot_of(other)
+    assert snapshot_of(kept_trainjob(one)) is snapshot_of(kept_trainjob(other))
+
+
+def test_a_finished_condition_keeps_what_is_read_of_it() -> None:
+    raw = as_stored(fixture("trainjob-create.validate.json")["request"]["object"])
+    raw["status"]["conditions"].append(_condition("Failed"))
+    conditions = kept_trainjob(raw)["status"]["conditions"]
+    assert [c["type"] for c in conditions] == [cond.CONDITION_TYPE, "Failed"]
+    assert conditions[0] == raw["status"]["conditions"][1]  # the service's own, whole
+    assert conditions[1] == {"type": "Failed", "status": "True"}

@@ -12,8 +12,11 @@ references, finalizers. The cache keeps only the fields below: every one has a r
 - spec: runtimeRef, trainer.numNodes and trainer.resourcesPerNode, runtimePatches (a
   scheduler, and the placement fields feasibility reads), suspend and managedBy (`lifecycle`):
   what `trainer.TrainJob` types, so what planning, checking and feasibility read;
-- status: the conditions read, GangScheduling (the status writer's) and Complete/Failed
-  (`lifecycle.is_finished`); Trainer's others (Created, Suspended, ...) are not read.
+- status: the conditions read: GangScheduling whole (the status writer's own, which it compares
+  and carries over), Complete and Failed by type and status (`lifecycle.is_finished`); Trainer's
+  others (Created, Suspended, ...) are not read.
+
+The runtime snapshot's text is interned: the TrainJobs of one runtime version share one copy.
 
 A finished TrainJob (Complete or Failed) has no gang, so nothing reads its labels or its
 annotations but the snapshot, and the cache memoises no plan for it (`kube/cache.py`): it is
@@ -27,6 +30,7 @@ whole and kept and fails when they differ.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -52,6 +56,7 @@ KEPT_METADATA = (
 KEPT_SPEC = ("runtimeRef", "trainer", "suspend", "managedBy", "runtimePatches")
 KEPT_TRAINER = ("numNodes", "resourcesPerNode")
 READ_CONDITIONS = frozenset((*FINISHED_CONDITIONS, CONDITION_TYPE))
+FINISHED_CONDITION_FIELDS = ("type", "status")  # all `lifecycle.is_finished` reads of one
 # A tombstone's metadata: no labels, and of the annotations only the snapshot.
 TOMBSTONE_METADATA = tuple(k for k in KEPT_METADATA if k not in ("labels", "annotations"))
 
@@ -85,14 +90,19 @@ def kept_trainjob(raw: Json) -> Json:
 
 
 def _metadata(meta: Json, tombstone: bool) -> Json:
-    if not tombstone:
-        return {k: meta[k] for k in KEPT_METADATA if k in meta}
-    out = {k: meta[k] for k in TOMBSTONE_METADATA if k in meta}
+    out = {k: meta[k] for k in (TOMBSTONE_METADATA if tombstone else KEPT_METADATA) if k in meta}
     annotations = meta.get("annotations")
-    if isinstance(annotations, dict) and SNAPSHOT_ANNOTATION in annotations:
-        out["annotations"] = {SNAPSHOT_ANNOTATION: annotations[SNAPSHOT_ANNOTATION]}
-    elif annotations is not None and not isinstance(annotations, dict):
-        out["annotations"] = annotations  # malformed: kept, so the parser refuses it as before
+    if not isinstance(annotations, dict):
+        if annotations is not None:
+            out["annotations"] = annotations  # malformed: kept, so the parser refuses it as before
+        return out
+    text = annotations.get(SNAPSHOT_ANNOTATION)
+    if tombstone:
+        annotations = {SNAPSHOT_ANNOTATION: text} if SNAPSHOT_ANNOTATION in annotations else None
+    if isinstance(text, str):  # one copy for every TrainJob frozen from the same runtime
+        annotations = {**(annotations or {}), SNAPSHOT_ANNOTATION: sys.intern(text)}
+    if annotations is not None:
+        out["annotations"] = annotations
     return out
 
 
@@ -108,13 +118,18 @@ def _status(status: Json) -> Json:
     conditions = status.get("conditions")
     if not isinstance(conditions, list):
         return {} if conditions is None else {"conditions": conditions}
-    return {"conditions": [c for c in conditions if _read(c)]}
+    return {"conditions": [read for c in conditions if (read := _read(c)) is not None]}
 
 
-def _read(condition: Any) -> bool:
-    """Kept unless it is a well-formed condition of a type no reader reads (a malformed one is
-    kept, so that a TrainJob the parser refuses whole is refused kept too)."""
+def _read(condition: Any) -> Any:
+    """What is read of a condition: None for a well-formed one of a type no reader reads; a
+    malformed one is kept as it is, so that a TrainJob the parser refuses whole is refused kept
+    too."""
     if not isinstance(condition, dict):
-        return True
+        return condition
     kind, status = condition.get("type"), condition.get("status")
-    return not (isinstance(kind, str) and isinstance(status, str)) or kind in READ_CONDITIONS
+    if not (isinstance(kind, str) and isinstance(status, str)):
+        return condition
+    if kind in FINISHED_CONDITIONS:
+        return {k: condition[k] for k in FINISHED_CONDITION_FIELDS}
+    return condition if kind in READ_CONDITIONS else None
