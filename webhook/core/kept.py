@@ -4,6 +4,7 @@ A TrainJob as the API server stores it carries much the service never reads: the
 image, command and environment, Trainer's `status.jobsStatus` and its other conditions, owner
 references, finalizers. The cache keeps only the fields below: every one has a reader.
 
+- apiVersion and kind (an Event's `regarding`);
 - metadata: name, namespace, uid (events, plan names, ownership), resourceVersion and
   generation (the status writer's condition), creationTimestamp (the reconciler's grace for a
   predecessor's pods), deletionTimestamp (nothing is made for a TrainJob being deleted), labels
@@ -23,6 +24,9 @@ annotations but the snapshot, and the cache memoises no plan for it (`kube/cache
 kept as a tombstone of the same fields less those. Its planning spec stays: the reconciler's
 pass over a finished TrainJob still plans it from its snapshot (an invalid plan is said, not
 released) and may freeze one (it owns objects but has none), and must decide as it did.
+
+An object whose shape the parser refuses (nested too deep, lists too long) is kept as it is,
+so it is refused as before rather than read from what is left of it.
 
 A new reader of another field must add it here: tests/test_kept.py plans every sample TrainJob
 whole and kept and fails when they differ.
@@ -55,7 +59,6 @@ KEPT_METADATA = (
 )
 KEPT_SPEC = ("runtimeRef", "trainer", "suspend", "managedBy", "runtimePatches")
 KEPT_TRAINER = ("numNodes", "resourcesPerNode")
-READ_CONDITIONS = frozenset((*FINISHED_CONDITIONS, CONDITION_TYPE))
 FINISHED_CONDITION_FIELDS = ("type", "status")  # all `lifecycle.is_finished` reads of one
 # A tombstone's metadata: no labels, and of the annotations only the snapshot.
 TOMBSTONE_METADATA = tuple(k for k in KEPT_METADATA if k not in ("labels", "annotations"))
@@ -132,4 +135,4 @@ def _read(condition: Any) -> Any:
         return condition
     if kind in FINISHED_CONDITIONS:
         return {k: condition[k] for k in FINISHED_CONDITION_FIELDS}
-    return condition if kind in READ_CONDITIONS else None
+    return condition if kind == CONDITION_TYPE else None
