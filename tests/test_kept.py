@@ -237,6 +237,7 @@ def test_planning_from_what_the_cache_keeps_equals_planning_from_the_whole(store
     whole = frozen(WHOLE, without_bookkeeping(stored))
     kept = kept_trainjob(whole)
     assert kept is not whole and whole == frozen(WHOLE, without_bookkeeping(stored))  # unchanged
+    assert kept_trainjob(kept) == kept  # the informer's trimmed items are trimmed again
     assert "jobsStatus" not in kept.get("status", {})
     assert {"image", "command", "args", "env"}.isdisjoint(kept["spec"].get("trainer", {}))
     a, _ = parse(TrainJob, whole)
