@@ -575,7 +575,7 @@ _SERVE_OPTIONS: list[tuple[str, str, Any, str, str]] = [
     ("--retry-period", "RETRY_PERIOD", _positive(float), "2",
      "seconds between Lease attempts"),
     ("--discovery-period", "DISCOVERY_PERIOD", _positive(float), "60",
-     "seconds between checks that scheduling.k8s.io/v1beta1 is served"),
+     "seconds between checks of which scheduling.k8s.io version is served"),
     ("--resync-period", "RESYNC_PERIOD", _positive(float), "600",
      "seconds between passes over every TrainJob"),
     ("--cert-poll-seconds", "CERT_POLL_SECONDS", _positive(float), "5",
