@@ -35,6 +35,7 @@ from tests.kube_emulator import (
 from tests.test_informer import serving
 from tests.test_reconciler import NS, cluster_runtime, gang, objects, stored, trainjob
 from webhook.backends.native import NativeBackend
+from webhook.explain.gather import gather
 from webhook.kube.cache import Cache
 from webhook.kube.client import informers, kind_informers
 from webhook.kube.discovery import BackendApiWatch
@@ -193,3 +194,21 @@ async def test_on_1_36_serve_discovers_v1alpha2_and_ties_pods(tmp_path: Path) ->
         ]
         assert stored(k, SCHEDULING_RESOURCES[V1BETA1][1], gang(k)) is None
         assert review["request"]["namespace"] == NS
+
+
+@pytest.mark.asyncio
+async def test_on_1_36_explain_reads_the_v1alpha2_gang_objects() -> None:
+    """`kubectl trainjob-scheduling explain` asks discovery too: on 1.36 it lists the v1alpha2
+    Workload and PodGroup and never says the gang API is not served."""
+    async with emulator(scheduling_version=V1ALPHA2) as (k, url), replica(url):
+        await gang_objects(k, V1ALPHA2)
+        api = ApiClient(configuration=Configuration(host=url))
+        try:
+            found = await gather(api, NS, trainjob()["metadata"]["name"])
+        finally:
+            close: Any = api.close
+            await close()
+        assert not found.unserved
+        versions = {obj["apiVersion"] for _, obj in found.gang_objects}
+        kinds = sorted(kind.kind for kind, _ in found.gang_objects)
+        assert versions == {"scheduling.k8s.io/v1alpha2"} and kinds == ["PodGroup", "Workload"]

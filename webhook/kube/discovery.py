@@ -43,6 +43,20 @@ class Versioned(Protocol):
     def use_version(self, version: str) -> None: ...
 
 
+async def newest_served(api: ApiClient, backend: Versioned) -> str | None:
+    """The newest of a `Versioned` backend's versions serving all its required kinds; None when
+    none is, or discovery cannot tell whether a newer one is (then nothing should change)."""
+    required = [k for k in backend.kinds if not k.optional]
+    needed = frozenset(k.plural for k in required)
+    for version in backend.versions:
+        state = await api_state(api, f"{required[0].group}/{version}", needed)
+        if state == "unknown":
+            return None
+        if state == "served":
+            return version
+    return None
+
+
 # Why a backend's API may be missing, for the error line.
 HINTS = {
     "native": "is the GenericWorkload feature gate on, with "
@@ -174,18 +188,10 @@ class BackendApiWatch:
         cluster serves; kept as it is while none is (or discovery cannot tell)."""
         if not isinstance(backend, Versioned):
             return
+        version = await newest_served(self.api, backend)
+        if version is None or version == backend.version:
+            return
         required = [k for k in backend.kinds if not k.optional]
-        needed = frozenset(k.plural for k in required)
-        for version in backend.versions:
-            state = await api_state(self.api, f"{required[0].group}/{version}", needed)
-            if state == "unknown":
-                return  # cannot tell whether a newer one is served: change nothing
-            if state == "served":
-                break
-        else:
-            return
-        if version == backend.version:
-            return
         log.info(
             f"{required[0].group}/{version} is the newest scheduling API served: the "
             f"{backend.name} gang backend uses it (was {backend.version})"
