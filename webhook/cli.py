@@ -16,6 +16,7 @@ from typing import Any, TextIO, TypeVar
 
 import yaml
 
+from . import package_version
 from .backends.base import GangBackend
 from .backends.volcano import VolcanoSettings, parse_tiers
 from .core import errors as fe
@@ -33,20 +34,6 @@ EXIT_USAGE = 2
 
 class UsageError(Exception):
     pass
-
-
-DISTRIBUTION = "trainjob-scheduling-webhook"
-
-
-def package_version() -> str:
-    """The installed package's version: pyproject.toml's, the one version source (the chart's
-    version and appVersion and the image's version label are stamped from it too)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(DISTRIBUTION)
-    except PackageNotFoundError:  # sources on the path without an install
-        return "unknown"
 
 
 def _load(paths: Sequence[str]) -> list[dict[str, Any]]:
