@@ -362,10 +362,10 @@ def _add_uninstall(commands: Any) -> None:
 
 def uninstall_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from .explain.gather import ExplainError
-    from .kube.uninstall import Summary, clean_up, service_present
+    from .kube.uninstall import Summary, clean_up, installed_configurations
 
-    async def uninstall(api: Any, _: str) -> tuple[Summary, bool]:
-        present = await service_present(api)
+    async def uninstall(api: Any, _: str) -> tuple[Summary, list[str]]:
+        present = await installed_configurations(api)
         return await clean_up(api, args.namespace, dry_run=args.dry_run), present
 
     try:
@@ -375,8 +375,9 @@ def uninstall_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int
         return EXIT_INVALID
     if present:
         print(
-            "Warning: the service's webhook configuration is still installed: a running "
-            "service writes the condition and annotation back (helm uninstall first)",
+            "Warning: the service's webhook configuration is still installed "
+            f"(MutatingWebhookConfiguration {', '.join(present)}): a running service writes "
+            "the condition and annotation back (helm uninstall first)",
             file=err,
         )
     for cleaned in summary.cleaned:
