@@ -6,6 +6,9 @@
 * 1.36's `gang.minCount` is immutable: the emulator refuses the change, and a minCount drift is
   a recreate (held by the reconciler while the TrainJob has pods).
 * Status is read from the version's condition (`PodGroupScheduled` in 1.36).
+* The Workload and PodGroup defaulting webhooks (the chart sends them both versions, on one path
+  each) give a 1.36 Workload or PodGroup of a TrainJob the minCount a 1.37 one gets, the
+  PodGroup's template read from 1.36's `podGroupTemplateRef.workload.podGroupTemplateName`.
 """
 
 from __future__ import annotations
@@ -13,15 +16,18 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import copy
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
+import jsonpatch
 import pytest
 from kubernetes.aio.client import ApiClient, Configuration
 
-from tests.harness import fixture, webhook_path
+from tests.harness import fixture, fixture_cache, running_server, webhook_path
 from tests.kube_emulator import (
     CLUSTER_RUNTIMES,
     SCHEDULING_RESOURCES,
@@ -32,6 +38,7 @@ from tests.kube_emulator import (
     emulator,
     eventually,
 )
+from tests.test_admission import MY_JOB_GROUP, patch_of, send
 from tests.test_informer import serving
 from tests.test_reconciler import NS, cluster_runtime, gang, objects, stored, trainjob
 from webhook.backends.native import NativeBackend
@@ -212,3 +219,122 @@ async def test_on_1_36_explain_reads_the_v1alpha2_gang_objects() -> None:
         versions = {obj["apiVersion"] for _, obj in found.gang_objects}
         kinds = sorted(kind.kind for kind, _ in found.gang_objects)
         assert versions == {"scheduling.k8s.io/v1alpha2"} and kinds == ["PodGroup", "Workload"]
+
+
+# --- the defaulting webhooks, fed a 1.36 (v1alpha2) or 1.37 (v1beta1) review -------------------
+
+# The chart's rules for these two list both versions (matchPolicy Equivalent): the API server
+# sends each object in its own version to the one path of its kind.
+WORKLOAD_PATH = "/mutate-scheduling-k8s-io-v1beta1-workload"
+POD_GROUP_PATH = "/mutate-scheduling-k8s-io-v1beta1-podgroup"
+
+
+@pytest.fixture(scope="module", params=[V1BETA1, V1ALPHA2])
+def defaulting(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, httpx.Client]]:
+    """The service over HTTPS, its native backend speaking the version the cluster serves (as
+    discovery sets it), with the version its reviews come in."""
+    version: str = request.param
+    cache = fixture_cache()
+    native = cache.backends.named("native")
+    assert isinstance(native, NativeBackend)
+    native.use_version(version)
+    with running_server(cache, tmp_path_factory.mktemp("certs")) as server, server.client() as c:
+        yield version, c
+
+
+def in_version(review: dict[str, Any], version: str) -> dict[str, Any]:
+    """A captured 1.37 review as the API server sends it for an object of `version`."""
+    out = copy.deepcopy(review)
+    request = out["request"]
+    for field in ("kind", "resource", "requestKind", "requestResource"):
+        request[field]["version"] = version
+    request["object"]["apiVersion"] = f"scheduling.k8s.io/{version}"
+    return out
+
+
+def pod_group_review(version: str, template: str) -> dict[str, Any]:
+    """A hand-written PodGroup of TrainJob team-a/my-job without minCount, named after nothing of
+    the plan: only its template reference says which gang it is. 1.36 spells the reference
+    `podGroupTemplateRef.workload.{workloadName, podGroupTemplateName}` and disruptionMode as a
+    string; 1.37 `workloadRef.{workloadName, templateName}` and a union."""
+    review = in_version(fixture("podgroup-create.mutate.json"), version)
+    review["request"]["name"] = "hand-written"
+    pod_group = review["request"]["object"]
+    pod_group["metadata"]["name"] = "hand-written"
+    spec = pod_group["spec"]
+    spec["schedulingPolicy"]["gang"]["minCount"] = 0  # the API server sends a missing one so
+    del spec["workloadRef"]
+    if version == V1ALPHA2:
+        spec["podGroupTemplateRef"] = {
+            "workload": {"workloadName": MY_JOB_GROUP, "podGroupTemplateName": template}
+        }
+        spec["disruptionMode"] = "Pod"
+    else:
+        spec["workloadRef"] = {"workloadName": MY_JOB_GROUP, "templateName": template}
+    return review
+
+
+def workload_review(version: str) -> dict[str, Any]:
+    """A hand-written Workload of TrainJob my-job (its controllerRef): a basic template, then a
+    gang template without minCount (1.36: disruptionMode as a string)."""
+    review = in_version(
+        fixture("workload-create-gang-without-mincount-patched.mutate.json"), version
+    )
+    templates = review["request"]["object"]["spec"]["podGroupTemplates"]
+    templates.insert(0, {"name": "initializers", "schedulingPolicy": {"basic": {}}})
+    templates[1]["disruptionMode"] = "PodGroup" if version == V1ALPHA2 else {"all": {}}
+    return review
+
+
+def defaulted(client: httpx.Client, path: str, review: dict[str, Any]) -> list[dict[str, Any]]:
+    """The patch the webhook answers; checked to change only what it names, and to be asked for
+    no more once applied (idempotent)."""
+    response = send(client, path, review)
+    assert response["allowed"] is True and not response.get("warnings"), response
+    ops = patch_of(response)
+    assert ops is not None
+    original = review["request"]["object"]
+    patched = jsonpatch.apply_patch(original, ops)
+    assert jsonpatch.make_patch(original, patched).patch == ops
+    again = copy.deepcopy(review)
+    again["request"]["object"] = patched
+    again["request"]["uid"] += "-again"
+    assert patch_of(send(client, path, again)) is None
+    return ops
+
+
+def test_a_pod_group_of_either_version_gets_the_gangs_min_count(
+    defaulting: tuple[str, httpx.Client],
+) -> None:
+    version, client = defaulting
+    ops = defaulted(client, POD_GROUP_PATH, pod_group_review(version, "node"))
+    assert ops == [{"op": "replace", "path": "/spec/schedulingPolicy/gang/minCount", "value": 100}]
+    # The reference in the other version's field: that version's PodGroup has no such field,
+    # so it names no template, and with a name that is no gang's it is left alone, said so.
+    other = pod_group_review(V1ALPHA2 if version == V1BETA1 else V1BETA1, "node")
+    review = pod_group_review(version, "node")
+    review["request"]["object"]["spec"] = {
+        **{k: v for k, v in review["request"]["object"]["spec"].items()
+           if k not in ("workloadRef", "podGroupTemplateRef")},
+        **{k: v for k, v in other["request"]["object"]["spec"].items()
+           if k in ("workloadRef", "podGroupTemplateRef")},
+    }  # fmt: skip
+    response = send(client, POD_GROUP_PATH, review)
+    assert patch_of(response) is None
+    assert response["warnings"] == [
+        'minCount not defaulted: template "hand-written" matches no gang of TrainJob '
+        '"my-job"; set gang.minCount'
+    ]
+
+
+def test_a_workload_of_either_version_gets_the_gangs_min_count(
+    defaulting: tuple[str, httpx.Client],
+) -> None:
+    version, client = defaulting
+    ops = defaulted(client, WORKLOAD_PATH, workload_review(version))
+    assert ops == [
+        {"op": "replace", "path": "/spec/podGroupTemplates/1/schedulingPolicy/gang/minCount",
+         "value": 100}
+    ]  # fmt: skip
