@@ -37,6 +37,8 @@ RUN python -m venv /opt/webhook \
  && /opt/webhook/bin/python -m compileall -q -j 0 --invalidation-mode unchecked-hash /opt/webhook/lib
 
 FROM ${PYTHON_IMAGE}
+# pyproject.toml's version: `make image` passes it, and `make stamp` writes it here for a plain
+# `docker build` (tests/test_release.py fails while they differ).
 ARG VERSION=0.1.0
 ARG SOURCE=unknown
 ARG PYTHON_IMAGE

@@ -140,8 +140,8 @@ lock: setup
 		--python-platform linux --custom-compile-command "make lock" --no-config --quiet \
 		-o requirements.lock
 
-## stamp: the chart's version and appVersion set to the package's (pyproject.toml's version,
-## the one version source)
+## stamp: the chart's version and appVersion, and the Dockerfile's VERSION default, set to the
+## package's (pyproject.toml's version, the one version source)
 stamp: setup
 	$(PY) -m tools.release --stamp
 

@@ -61,7 +61,10 @@ Gang objects, as a 1.37 server with its controllers (shared/reference/real-clust
   `<field>: Invalid value: <value>: field is immutable`: a PodGroup's spec but
   `schedulingPolicy.gang.minCount`; a Workload's spec but each template's `gang.minCount`
   (templates neither added, removed nor renamed); a CompositePodGroup's whole spec; a pod's
-  `spec.schedulingGroup` (the other rules on pod updates are not emulated).
+  `spec.schedulingGroup` (the other rules on pod updates are not emulated);
+* `emulator(scheduling_version="v1alpha2")` serves the Workloads and PodGroups as 1.36 does
+  (`scheduling.k8s.io/v1alpha2`): there `gang.minCount` is immutable too, and PodGroup defaults
+  are `disruptionMode: Pod` and `priority: 0` (no preemptionPolicy in 1.36).
 
 Failures for one request are kmock reactions, e.g. `next_requests(k[WATCH, TRAINJOBS], 2) <<
 status(500)`: they answer before the emulator's own (fallback) handlers, and, unlike in kmock's
@@ -156,6 +159,15 @@ CLUSTER_RUNTIMES = kmock.resource(TRAINER, VERSION, "clustertrainingruntimes")
 WORKLOADS = kmock.resource("scheduling.k8s.io", "v1beta1", "workloads")
 POD_GROUPS = kmock.resource("scheduling.k8s.io", "v1beta1", "podgroups")
 COMPOSITE_POD_GROUPS = kmock.resource("scheduling.k8s.io", "v1alpha3", "compositepodgroups")
+# Kubernetes 1.36's shapes of the same kinds (was-api.md 1.7): `emulator(scheduling_version=...)`.
+WORKLOADS_V1ALPHA2 = kmock.resource("scheduling.k8s.io", "v1alpha2", "workloads")
+POD_GROUPS_V1ALPHA2 = kmock.resource("scheduling.k8s.io", "v1alpha2", "podgroups")
+SCHEDULING_RESOURCES = {
+    "v1beta1": (WORKLOADS, POD_GROUPS),
+    "v1alpha2": (WORKLOADS_V1ALPHA2, POD_GROUPS_V1ALPHA2),
+}
+_ALL_POD_GROUPS = (POD_GROUPS, POD_GROUPS_V1ALPHA2)
+_ALL_WORKLOADS = (WORKLOADS, WORKLOADS_V1ALPHA2)
 LEASES = kmock.resource("coordination.k8s.io", "v1", "leases")
 EVENTS = kmock.resource("events.k8s.io", "v1", "events")
 SECRETS = kmock.resource("", "v1", "secrets")
@@ -176,9 +188,14 @@ POD_GROUP_PROTECTION = "scheduling.k8s.io/podgroup-protection"
 FOREGROUND_DELETION = "foregroundDeletion"
 # Filled in on a PodGroup's create: defaulting, and the Priority admission plugin (no class).
 _POD_GROUP_DEFAULTS = {
-    "disruptionMode": {"single": {}},
-    "priority": 0,
-    "preemptionPolicy": "PreemptLowerPriority",
+    POD_GROUPS: {
+        "disruptionMode": {"single": {}},
+        "priority": 0,
+        "preemptionPolicy": "PreemptLowerPriority",
+    },
+    # 1.36: a string mode, no preemptionPolicy; its default `Pod` is assumed (was-api.md 1.7
+    # does not say it).
+    POD_GROUPS_V1ALPHA2: {"disruptionMode": "Pod", "priority": 0},
 }
 # The gang objects' fields behind a feature gate, by gate.
 _GATED_FIELDS = {
@@ -207,7 +224,6 @@ _TRAINER_KINDS: dict[kmock.resource, Declared] = {
     TRAINING_RUNTIMES: ("TrainingRuntime", True),
     CLUSTER_RUNTIMES: ("ClusterTrainingRuntime", False),
 }
-_SCHEDULING_KINDS = {WORKLOADS: ("Workload", True), POD_GROUPS: ("PodGroup", True)}
 _SERVICE_KINDS = {  # what the service writes
     LEASES: ("Lease", True),
     EVENTS: ("Event", True),
@@ -238,9 +254,11 @@ def declare_trainer_resources(emulator: KubernetesEmulator) -> None:
     _declare(emulator, _TRAINER_KINDS)
 
 
-def declare_scheduling_resources(emulator: KubernetesEmulator) -> None:
-    """scheduling.k8s.io/v1beta1 Workloads and PodGroups (discovery lists them once declared)."""
-    _declare(emulator, _SCHEDULING_KINDS)
+def declare_scheduling_resources(emulator: KubernetesEmulator, version: str = "v1beta1") -> None:
+    """scheduling.k8s.io Workloads and PodGroups (discovery lists them once declared): `v1beta1`
+    as Kubernetes 1.37 serves them, or `v1alpha2` as 1.36 does."""
+    workloads, pod_groups = SCHEDULING_RESOURCES[version]
+    _declare(emulator, {workloads: ("Workload", True), pod_groups: ("PodGroup", True)})
 
 
 def declare_backend_resources(emulator: KubernetesEmulator, names: Iterable[str]) -> None:
@@ -839,11 +857,11 @@ class VersionedEmulator(KubernetesEmulator):
         key = (resource, namespace, name)
         _validate(resource, name, obj, None)
         self._drop_gated_fields(resource, obj)
-        if resource == POD_GROUPS and self.pod_group_defaults:
+        if resource in _ALL_POD_GROUPS and self.pod_group_defaults:
             spec = obj.setdefault("spec", {})
-            for field, default in _POD_GROUP_DEFAULTS.items():
+            for field, default in _POD_GROUP_DEFAULTS[resource].items():
                 spec.setdefault(field, copy.deepcopy(default))
-        if resource == POD_GROUPS:
+        if resource in _ALL_POD_GROUPS:
             # kube-apiserver's PodGroup protection: the finalizer is there from the create on.
             finalizers = list(meta.get("finalizers") or [])
             if POD_GROUP_PROTECTION not in finalizers:
@@ -871,7 +889,7 @@ class VersionedEmulator(KubernetesEmulator):
         server drops a disabled field (no error): from a PodGroup's or CompositePodGroup's
         spec and from every template of a Workload."""
         dropped = [f for gate, f in _GATED_FIELDS.items() if gate in self.feature_gates_off]
-        if not dropped or resource not in (POD_GROUPS, COMPOSITE_POD_GROUPS, WORKLOADS):
+        if not dropped or resource not in (*_ALL_POD_GROUPS, COMPOSITE_POD_GROUPS, *_ALL_WORKLOADS):
             return
 
         def drop(node: Any, here: bool) -> None:
@@ -884,7 +902,7 @@ class VersionedEmulator(KubernetesEmulator):
                 for key in ("podGroupTemplates", "compositePodGroupTemplates"):
                     drop(node.get(key), False)
 
-        drop(obj.get("spec"), resource != WORKLOADS)
+        drop(obj.get("spec"), resource not in _ALL_WORKLOADS)
 
     async def _serve_replace(self, request: kmock.Request) -> kmock.Payload:
         """PUT: the body is the whole new object (of `.../status`: its status)."""
@@ -1184,7 +1202,7 @@ class VersionedEmulator(KubernetesEmulator):
         if period or meta.get("finalizers"):
             meta.update(deletionTimestamp=_now(period), deletionGracePeriodSeconds=period)
             marked = await self._commit(key, "MODIFIED", stored)
-            if key[0] == POD_GROUPS:
+            if key[0] in _ALL_POD_GROUPS:
                 await self._protect_pod_groups(key[1])
             return marked
         return await self._remove(key, stored)
@@ -1262,7 +1280,7 @@ class VersionedEmulator(KubernetesEmulator):
         }
         for key, obj in list(self.objects.items()):
             resource, ns, name = key
-            if resource != POD_GROUPS or ns != namespace or obj.deleted or name in named:
+            if resource not in _ALL_POD_GROUPS or ns != namespace or obj.deleted or name in named:
                 continue
             meta = _meta(obj.raw)
             if not meta.get("deletionTimestamp"):
@@ -1370,24 +1388,26 @@ def _changed_fields(old: Json, new: Json, where: str, mutable_min_count: bool) -
     return causes
 
 
-def _pod_group_update(old: Json, new: Json) -> list[Json]:
-    """PodGroup: every spec field is immutable but `schedulingPolicy.gang.minCount`."""
-    return _changed_fields(old, new, "spec", mutable_min_count=True)
+def _pod_group_update(old: Json, new: Json, mutable_min_count: bool = True) -> list[Json]:
+    """PodGroup: every spec field is immutable but `schedulingPolicy.gang.minCount` (that
+    too in 1.36: `mutable_min_count=False`)."""
+    return _changed_fields(old, new, "spec", mutable_min_count)
 
 
-def _workload_update(old: Json, new: Json) -> list[Json]:
+def _workload_update(old: Json, new: Json, mutable_min_count: bool = True) -> list[Json]:
     """Workload: templates can be neither added nor removed; in each, every field is immutable
-    but `schedulingPolicy.gang.minCount`; every other spec field is immutable."""
+    but `schedulingPolicy.gang.minCount` (that too in 1.36); every other spec field is
+    immutable."""
     key = "podGroupTemplates"
     others_old = {k: v for k, v in old.items() if k != key}
     others_new = {k: v for k, v in new.items() if k != key}
-    causes = _changed_fields(others_old, others_new, "spec", mutable_min_count=True)
+    causes = _changed_fields(others_old, others_new, "spec", mutable_min_count)
     before, after = old.get(key) or [], new.get(key) or []
     if [_template_name(t) for t in before] != [_template_name(t) for t in after]:
         return [*causes, _immutable(f"spec.{key}", new.get(key))]
     for index, (was, now) in enumerate(zip(before, after, strict=True)):
         if isinstance(was, dict) and isinstance(now, dict):
-            causes += _changed_fields(was, now, f"spec.{key}[{index}]", mutable_min_count=True)
+            causes += _changed_fields(was, now, f"spec.{key}[{index}]", mutable_min_count)
     return causes
 
 
@@ -1411,12 +1431,16 @@ def _pod_update(old: Json, new: Json) -> list[Json]:
 _IMMUTABLE_KINDS = {
     POD_GROUPS: "PodGroup",
     WORKLOADS: "Workload",
+    POD_GROUPS_V1ALPHA2: "PodGroup",
+    WORKLOADS_V1ALPHA2: "Workload",
     COMPOSITE_POD_GROUPS: "CompositePodGroup",
     PODS: "Pod",
 }
 _IMMUTABLE_SPECS: dict[kmock.resource, Callable[[Json, Json], list[Json]]] = {
     POD_GROUPS: _pod_group_update,
     WORKLOADS: _workload_update,
+    POD_GROUPS_V1ALPHA2: functools.partial(_pod_group_update, mutable_min_count=False),
+    WORKLOADS_V1ALPHA2: functools.partial(_workload_update, mutable_min_count=False),
     COMPOSITE_POD_GROUPS: _composite_update,
     PODS: _pod_update,
 }
@@ -1652,17 +1676,22 @@ def next_requests(view: kmock.View, count: int = 1) -> kmock.View:
 
 @contextlib.asynccontextmanager
 async def emulator(
-    *, scheduling: bool = True, backends: Iterable[str] = (), composites: bool = False
+    *,
+    scheduling: bool = True,
+    backends: Iterable[str] = (),
+    composites: bool = False,
+    scheduling_version: str = "v1beta1",
 ) -> AsyncIterator[tuple[VersionedEmulator, str]]:
     """A `VersionedEmulator` and its URL, serving Kubeflow Trainer's resources, Leases, Events,
-    unless `scheduling=False` scheduling.k8s.io/v1beta1 Workloads and PodGroups, with
+    unless `scheduling=False` scheduling.k8s.io Workloads and PodGroups (in
+    `scheduling_version`: `v1beta1` as 1.37, `v1alpha2` as 1.36 with an immutable minCount), with
     `composites` v1alpha3 CompositePodGroups too, and the kinds of the other gang `backends`
     named (their CRDs installed)."""
     async with VersionedEmulator() as k, Server(k) as server:
         declare_trainer_resources(k)
         declare_service_resources(k)
         if scheduling:
-            declare_scheduling_resources(k)
+            declare_scheduling_resources(k, scheduling_version)
         if composites:
             declare_composite_resources(k)
         declare_backend_resources(k, backends)

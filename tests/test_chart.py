@@ -31,6 +31,7 @@ from tests.paths import REPO, SAMPLES, SHARED
 from webhook.admission.handlers import validate_trainjob_review
 from webhook.admission.review import Decision, parse
 from webhook.admission.routes import WEBHOOKS
+from webhook.backends.native_versions import VERSIONS as NATIVE_VERSIONS
 from webhook.backends.registry import all_backends, default_backends
 from webhook.cli import _SERVE_OPTIONS, build_parser
 from webhook.core.snapshot import SNAPSHOT_ANNOTATION as SNAP
@@ -416,9 +417,11 @@ def test_every_webhook_path_of_the_service_is_registered_and_no_other(default: R
         kind, hook = hooks[w.path]
         assert kind.startswith("Mutating" if w.verb == "mutate" else "Validating"), w.path
         (rule,) = hook["rules"]
+        # The native gang kinds' webhooks take every version the service speaks (1.37, 1.36).
+        versions = list(NATIVE_VERSIONS) if w.group == "scheduling.k8s.io" else [w.version]
         assert (rule["apiGroups"], rule["apiVersions"], rule["resources"]) == (
             [w.group],
-            [w.version],
+            versions,
             [w.resource],
         )
         assert set(rule["operations"]) <= {"CREATE", "UPDATE"}
@@ -428,7 +431,9 @@ def test_every_webhook_path_of_the_service_is_registered_and_no_other(default: R
         service = hook["clientConfig"]["service"]
         assert (service["name"], service["namespace"], service["port"]) == (BASE, NAMESPACE, 443)
         assert "caBundle" not in hook["clientConfig"] and "url" not in hook["clientConfig"]
-        if rule["scope"] == "Namespaced":
+        if w.path == TRAINJOB_PATH:  # every namespace: the tamper check (test below)
+            assert hook["namespaceSelector"] == {}
+        elif rule["scope"] == "Namespaced":
             (expression,) = hook["namespaceSelector"]["matchExpressions"]
             assert expression["key"] == "kubernetes.io/metadata.name"
             assert expression["operator"] == "NotIn"
@@ -589,6 +594,54 @@ def test_trainjob_updates_that_only_flip_suspend_skip_the_service_but_no_snapsho
     for i in range(3):  # and the snapshot writes are denied once there
         decision = validate(_trainjob_update(called[i]), cache)
         assert not decision.allowed and decision.code == 403, (i, decision)
+
+
+def _kueue_admits(new: Json, old: Json) -> None:
+    """What Kueue's admission writes: its runtime patch (the flavor's node selector), resumed."""
+    patch = {
+        "manager": "kueue.x-k8s.io/manager",
+        "trainer": {"spec": {"template": {"spec": {"nodeSelector": {"gpu": "a100"}}}}},
+    }
+    new["spec"]["runtimePatches"] = [patch]
+    new["spec"]["suspend"], old["spec"]["suspend"] = False, True
+
+
+def test_kueues_admission_and_preemption_skip_the_service_but_a_tenants_patch_does_not(
+    default: Rendered,
+) -> None:
+    """Kueue admits a TrainJob by writing its `spec.runtimePatches` entry and resuming it, and
+    preempts by restoring them and suspending: neither waits on the service when Kueue's own
+    identity writes them. The same change by anyone else, or Kueue's with any other change
+    (an annotation: the snapshot), is sent."""
+    _, hook = _hooks(default)[TRAINJOB_PATH]
+    kueue = "system:serviceaccount:kueue-system:kueue-controller-manager"
+
+    def update(username: str, *changes: Any) -> Json:
+        review = _trainjob_update(lambda new, old: [c(new, old) for c in changes])
+        review["request"]["userInfo"]["username"] = username
+        return review
+
+    def preempts(new: Json, old: Json) -> None:  # the reverse: restored and suspended
+        _kueue_admits(old, new)
+
+    assert not _match_conditions_hold(hook, update(kueue, _kueue_admits))
+    assert not _match_conditions_hold(hook, update(kueue, preempts))
+    assert _match_conditions_hold(hook, update("alice", _kueue_admits))  # a tenant's patch
+    snapshot = lambda new, old: _set(new, SNAP, "{}")  # noqa: E731
+    assert _match_conditions_hold(hook, update(kueue, _kueue_admits, snapshot))
+    numnodes = lambda new, old: new["spec"]["trainer"].__setitem__("numNodes", 3)  # noqa: E731
+    assert _match_conditions_hold(hook, update(kueue, _kueue_admits, numnodes))
+    # Another Kueue install names its controller; empty: only suspend flips skip.
+    other = "system:serviceaccount:q:k"
+    custom = render({"webhooks": {"validateTrainJob": {"kueueUsername": other}}})
+    _, hook = _hooks(custom)[TRAINJOB_PATH]
+    assert not _match_conditions_hold(hook, update(other, _kueue_admits))
+    assert _match_conditions_hold(hook, update(kueue, _kueue_admits))
+    _, hook = _hooks(render({"webhooks": {"validateTrainJob": {"kueueUsername": ""}}}))[
+        TRAINJOB_PATH
+    ]
+    assert _match_conditions_hold(hook, update(kueue, _kueue_admits))
+    assert not _match_conditions_hold(hook, update(kueue))  # the bare suspend flip still skips
 
 
 def validate(review: Json, cache: Cache) -> Any:
@@ -1165,14 +1218,40 @@ def test_a_pod_outside_the_watched_namespaces_or_not_a_jobsets_never_reaches_the
     assert _pod_reaches(labelled, "team-b", on, labels)
     assert not _pod_reaches(labelled, "team-b", None, labels)
     assert not _pod_reaches(labelled, "team-b", {"trainjob-scheduling.dev/enabled": "no"}, labels)
-    # Every namespaced webhook gets the same namespaceSelector.
+    # Every other namespaced webhook gets the same namespaceSelector (the TrainJob one: below).
     for r in (default, watched, labelled):
         selectors = [
             hook["namespaceSelector"]
-            for _, hook in _hooks(r).values()
-            if hook["rules"][0]["scope"] == "Namespaced"
+            for path, (_, hook) in _hooks(r).items()
+            if hook["rules"][0]["scope"] == "Namespaced" and path != TRAINJOB_PATH
         ]
-        assert len(selectors) == 6 and all(s == selectors[0] for s in selectors)
+        assert len(selectors) == 5 and all(s == selectors[0] for s in selectors)
+
+
+def test_every_trainjob_the_reconciler_serves_reaches_the_tamper_check(default: Rendered) -> None:
+    """The TrainJob webhook is the runtime snapshot's tamper check, so label mode, excluded
+    namespaces and the release's own namespace (which narrow the other webhooks) never narrow
+    it: a TrainJob the reconciler serves is never written unchecked. Only the watched-namespace
+    list, which narrows the reconciler too, narrows it."""
+    mark = {"key": "trainjob-scheduling.dev/enabled", "value": "true"}
+    narrowed = render(
+        {"webhooks": {"namespaceLabel": mark, "excludeNamespaces": ["kube-system", "ml-shared"]}}
+    )
+    for r in (default, narrowed):
+        _, hook = _hooks(r)[TRAINJOB_PATH]
+        for namespace in ("team-a", "ml-shared", "kube-system", NAMESPACE):
+            assert _namespace_selected(hook["namespaceSelector"], namespace), namespace
+        assert hook["failurePolicy"] == "Fail"
+    assert narrowed.flag("--watch-namespaces") is None  # the reconciler serves them all
+    watched = render({"serve": {"watchNamespaces": ["team-a"]}})
+    _, hook = _hooks(watched)[TRAINJOB_PATH]
+    assert _namespace_selected(hook["namespaceSelector"], "team-a")
+    assert not _namespace_selected(hook["namespaceSelector"], "team-b")
+    assert watched.flag("--watch-namespaces") == "team-a"
+    # Ignore would let a TrainJob carrying a tenant's snapshot in while no replica answers.
+    assert "failurePolicy" in refused(
+        {"webhooks": {"validateTrainJob": {"failurePolicy": "Ignore"}}}
+    )
 
 
 # What the API server does with each captured request while no replica answers, with the
@@ -1224,6 +1303,14 @@ def test_what_fails_while_the_service_is_down(default: Rendered) -> None:
         ours = fixture(f"{kind}-create.mutate.json")
         ours["request"]["userInfo"]["username"] = SELF
         assert not _refused_while_down(default, ours)
+    # Kueue's admission (its runtime patch, resumed), by Kueue; the same by a tenant is judged.
+    admits = _trainjob_update(_kueue_admits)
+    admits["request"]["userInfo"]["username"] = (
+        "system:serviceaccount:kueue-system:kueue-controller-manager"
+    )
+    assert not _refused_while_down(default, admits)
+    admits["request"]["userInfo"]["username"] = "alice"
+    assert _refused_while_down(default, admits)
 
 
 # --- CRDs ---------------------------------------------------------------------------------------

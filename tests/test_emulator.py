@@ -31,6 +31,7 @@ from tests.kube_emulator import (
     OPTIMISTIC_LOCK,
     POD_GROUP_PROTECTION,
     POD_GROUPS,
+    POD_GROUPS_V1ALPHA2,
     PODS,
     SECRETS,
     STRATEGIC_MERGE_PATCH,
@@ -38,6 +39,7 @@ from tests.kube_emulator import (
     TRAINJOBS,
     VERSION,
     WORKLOADS,
+    WORKLOADS_V1ALPHA2,
     VersionedEmulator,
     api_client,
     create,
@@ -673,6 +675,36 @@ async def test_a_pod_group_spec_is_immutable_but_its_gang_min_count() -> None:
         assert_immutable(code, answer, "PodGroup.scheduling.k8s.io", "g",
                          "spec.schedulingConstraints")  # fmt: skip
         assert (await get(k, POD_GROUPS, NS, "g")) == labelled
+
+
+@pytest.mark.asyncio
+async def test_on_1_36_v1alpha2_serves_the_gang_kinds_and_min_count_is_immutable_too() -> None:
+    async with emulator(scheduling_version="v1alpha2") as (k, _):
+        v1alpha2 = "/apis/scheduling.k8s.io/v1alpha2"
+        code, listed = await call(k, "GET", v1alpha2)
+        assert code == 200 and {r["name"] for r in listed["resources"]} >= {
+            "workloads",
+            "podgroups",
+        }
+        code, _ = await call(k, "GET", "/apis/scheduling.k8s.io/v1beta1")
+        assert code == 404  # 1.36 has no v1beta1
+        group = {**pod_group(), "apiVersion": "scheduling.k8s.io/v1alpha2"}
+        await create(k, POD_GROUPS_V1ALPHA2, group)
+        path = "/spec/schedulingPolicy/gang/minCount"
+        code, answer = await call(
+            k, "PATCH", f"{v1alpha2}/namespaces/{NS}/podgroups/g",
+            [{"op": "replace", "path": path, "value": 5}], JSON_PATCH,
+        )  # fmt: skip
+        assert_immutable(code, answer, "PodGroup.scheduling.k8s.io", "g", "spec.schedulingPolicy")
+        wl = {**gang_workload("node"), "apiVersion": "scheduling.k8s.io/v1alpha2"}
+        await create(k, WORKLOADS_V1ALPHA2, wl)
+        path = "/spec/podGroupTemplates/0/schedulingPolicy/gang/minCount"
+        code, answer = await call(
+            k, "PATCH", f"{v1alpha2}/namespaces/{NS}/workloads/w",
+            [{"op": "replace", "path": path, "value": 5}], JSON_PATCH,
+        )  # fmt: skip
+        assert_immutable(code, answer, "Workload.scheduling.k8s.io", "w",
+                         "spec.podGroupTemplates[0].schedulingPolicy")  # fmt: skip
 
 
 @pytest.mark.asyncio

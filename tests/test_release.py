@@ -1,7 +1,8 @@
 """The release (`make release`: tools/release.py) from one version source, pyproject.toml's:
 the chart's version and appVersion, `--version`, and every artefact in dist/ carry it; the SBOM
 lists every package the lock file pins; the krew manifest's sha256 is its archive's; SHA256SUMS
-checks every file; the wheel and the plugin archive are byte for byte the same when made twice."""
+checks every file; the wheel and the plugin archive are byte for byte the same when made twice,
+and the wheel holds only tracked files (never an earlier build's leftovers)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import subprocess
 import sys
 import tarfile
 import tomllib
+import zipfile
+from importlib import metadata
 from pathlib import Path
 
 import helm_python as helm
@@ -20,6 +23,7 @@ import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+import webhook
 from tests.paths import REPO
 from tools import release
 
@@ -66,7 +70,26 @@ def test_version_is_the_package_version() -> None:
     assert done.stdout == f"python -m webhook {VERSION}\n"
 
 
-def test_stamp_writes_the_package_version_into_the_chart(
+def test_every_version_is_the_package_version() -> None:
+    """pyproject.toml's version is the only one written by hand: the package's `__version__`
+    reads the installed metadata, and `make stamp` writes the chart's and the Dockerfile's."""
+    assert webhook.__version__ == VERSION
+    assert webhook.package_version() == VERSION
+    assert release.dockerfile_version() == VERSION, "run make stamp"
+    assert release.chart_versions() == (VERSION, VERSION), "run make stamp"
+    assert "__version__ =" not in (REPO / "webhook" / "__init__.py").read_text()  # no literal
+
+
+def test_the_version_without_an_install_says_unknown(monkeypatch: pytest.MonkeyPatch) -> None:
+    def not_installed(name: str) -> str:
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(metadata, "version", not_installed)
+    assert webhook.__version__ == webhook.UNKNOWN_VERSION == "unknown"
+    assert not hasattr(webhook, "no_such_attribute")  # only __version__ is made up
+
+
+def test_stamp_writes_the_package_version_into_the_chart_and_the_dockerfile(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     chart = tmp_path / "chart"
@@ -77,10 +100,24 @@ def test_stamp_writes_the_package_version_into_the_chart(
             f'appVersion: "{VERSION}"', 'appVersion: "0.0.1"'
         )
     )
+    dockerfile = tmp_path / "Dockerfile"
+    original_dockerfile = (REPO / "Dockerfile").read_text()
+    assert f"ARG VERSION={VERSION}\n" in original_dockerfile
+    dockerfile.write_text(
+        original_dockerfile.replace(f"ARG VERSION={VERSION}", "ARG VERSION=0.0.1")
+    )
     monkeypatch.setattr(release, "CHART", chart)
+    monkeypatch.setattr(release, "DOCKERFILE", dockerfile)
+    assert release.dockerfile_version() == "0.0.1"
+    with pytest.raises(SystemExit, match="run `make stamp`"):  # no release from stale versions
+        release.release(tmp_path / "dist", release.DEFAULT_URL)
     assert release.stamp(VERSION)
     assert (chart / "Chart.yaml").read_text() == original  # comments and all kept
+    assert dockerfile.read_text() == original_dockerfile
     assert not release.stamp(VERSION)
+    # Only the Dockerfile behind: stamped too.
+    dockerfile.write_text(original_dockerfile.replace(f"ARG VERSION={VERSION}", "ARG VERSION=9"))
+    assert release.stamp(VERSION) and dockerfile.read_text() == original_dockerfile
 
 
 @pytest.fixture(scope="module")
@@ -185,3 +222,28 @@ def test_the_wheel_is_the_same_when_built_again(dist: Path, tmp_path: Path) -> N
     """SOURCE_DATE_EPOCH (the last commit's time) fixes the wheel's file times."""
     wheel = dist / f"trainjob_scheduling_webhook-{VERSION}-py3-none-any.whl"
     assert release.build_wheel(tmp_path).read_bytes() == wheel.read_bytes()
+
+
+def test_the_wheel_holds_only_tracked_files(tmp_path: Path) -> None:
+    """A module left in build/lib by an earlier build (deleted since) and an untracked module in
+    the package stay out of the wheel: it is built from a fresh copy of the tracked files."""
+    clone = tmp_path / "clone"
+    subprocess.run(
+        ["git", "clone", "--quiet", "--no-local", "--depth", "1", f"file://{REPO}", str(clone)],
+        check=True, timeout=120, capture_output=True,
+    )  # fmt: skip
+    stale = clone / "build" / "lib" / "webhook" / "deleted_since.py"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("GONE = True\n")
+    (clone / "webhook" / "untracked.py").write_text("NOT_COMMITTED = True\n")
+    wheel = release.build_wheel(tmp_path / "dist", clone)
+    with zipfile.ZipFile(wheel) as opened:
+        names = opened.namelist()
+    assert "webhook/__init__.py" in names and "webhook/samples/" not in names
+    assert any(n.startswith("webhook/samples/") and n.endswith(".yaml") for n in names)
+    assert "webhook/deleted_since.py" not in names
+    assert "webhook/untracked.py" not in names
+    # Nothing written into the tree built from.
+    assert not list(clone.glob("*.egg-info")) and sorted(
+        p.name for p in (clone / "build").iterdir()
+    ) == ["lib"]

@@ -1,7 +1,8 @@
 """`uninstall` against the API emulator over HTTP: the service's GangScheduling condition (as
 its status writer applies it) and its runtime-snapshot annotation come off every TrainJob that
 has them; Trainer's conditions, other annotations, Workloads and PodGroups stay; `--dry-run`
-writes nothing; the command as a process, with its summary and exit codes."""
+writes nothing; the command as a process, with its summary and exit codes; the warning that the
+service is still installed, under any release name (by the chart's label)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,9 @@ from tests.kube_emulator import (
     emulator,
     get,
     kubeconfig,
+    next_requests,
     patch,
+    status,
 )
 from tests.paths import REPO
 from webhook.core.condition import CONDITION_TYPE, FIELD_MANAGER
@@ -187,13 +190,54 @@ async def test_the_command_says_what_it_does(tmp_path: Path) -> None:
         code, out, err = await run("uninstall", "-n", "elsewhere", config=config)
         assert (code, out) == (0, "0 TrainJobs examined, 0 cleaned, 0 failed\n")
 
-        # The service still installed: it would write both back, and the command says so.
-        configuration = {"metadata": {"name": FIELD_MANAGER}, "webhooks": []}
-        await create(k, MUTATING_CONFIGS, configuration)
+        # The service still installed (a release named "gangs": the chart names the
+        # configuration gangs-trainjob-scheduling-webhook): it would write both back, and the
+        # command says so.
+        await create(k, MUTATING_CONFIGS, chart_configuration("gangs-trainjob-scheduling-webhook"))
         code, out, err = await run("uninstall", "--dry-run", config=config)
         assert code == 0 and err.startswith(
-            "Warning: the service's webhook configuration is still installed"
+            "Warning: the service's webhook configuration is still installed "
+            "(MutatingWebhookConfiguration gangs-trainjob-scheduling-webhook)"
         ), err
+
+
+def chart_configuration(name: str, part_of: str = "trainjob-scheduling") -> Json:
+    """A MutatingWebhookConfiguration with the labels the chart gives it (tjs.labels)."""
+    labels = {
+        "app.kubernetes.io/name": "trainjob-scheduling",
+        "app.kubernetes.io/instance": name.split("-")[0],
+        "app.kubernetes.io/part-of": part_of,
+        "app.kubernetes.io/component": "webhook",
+    }
+    return {"metadata": {"name": name, "labels": labels}, "webhooks": []}
+
+
+@pytest.mark.asyncio
+async def test_installed_configurations_are_found_by_the_charts_label() -> None:
+    """Any release name or fullnameOverride: found by the label every chart object carries; a
+    configuration of another product is not the service's, whatever its name."""
+    async with emulator() as (k, url), api_client(url) as api:
+        assert await uninstall.installed_configurations(api) == []
+        await create(k, MUTATING_CONFIGS, chart_configuration("other-product", part_of="other"))
+        assert await uninstall.installed_configurations(api) == []
+        await create(k, MUTATING_CONFIGS, chart_configuration("custom-webhook"))  # fullnameOverride
+        await create(k, MUTATING_CONFIGS, chart_configuration("b-trainjob-scheduling-webhook"))
+        assert await uninstall.installed_configurations(api) == [
+            "b-trainjob-scheduling-webhook",
+            "custom-webhook",
+        ]
+
+
+@pytest.mark.asyncio
+async def test_without_list_the_default_name_is_read() -> None:
+    """A user without `list` on mutatingwebhookconfigurations: the default release's
+    configuration is still found by `get` (and a refused `get` is said as nothing found)."""
+    async with emulator() as (k, url), api_client(url) as api:
+        await create(k, MUTATING_CONFIGS, {"metadata": {"name": FIELD_MANAGER}, "webhooks": []})
+        next_requests(k[kmock.action.LIST, MUTATING_CONFIGS], 2) << status(403, reason="Forbidden")
+        assert await uninstall.installed_configurations(api) == [FIELD_MANAGER]
+        next_requests(k[MUTATING_CONFIGS], 2) << status(403, reason="Forbidden")
+        assert await uninstall.installed_configurations(api) == []
 
 
 @pytest.mark.asyncio

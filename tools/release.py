@@ -1,7 +1,8 @@
 """`make release`: the release's files in dist/, all from one version (pyproject.toml's).
 
     python -m tools.release [--dist DIR] [--url URL]   # every artefact, then SHA256SUMS
-    python -m tools.release --stamp                    # the chart's versions := the package's
+    python -m tools.release --stamp                    # the chart's versions and the
+                                                       # Dockerfile's VERSION := the package's
 
 What it makes (names carry the version V):
 
@@ -33,11 +34,13 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import tomllib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 CHART = REPO / "charts" / "trainjob-scheduling"
+DOCKERFILE = REPO / "Dockerfile"
 LOCK = REPO / "requirements.lock"
 PLUGIN = "trainjob-scheduling"  # `kubectl trainjob-scheduling`
 PLUGIN_BIN = "kubectl-trainjob_scheduling"  # kubectl's name for it: dashes as underscores
@@ -61,16 +64,33 @@ def chart_versions() -> tuple[str, str]:
     return str(chart["version"]), str(chart["appVersion"])
 
 
-def stamp(version: str) -> bool:
-    """Writes `version` into Chart.yaml's version and appVersion (comments kept); True if it
-    changed anything."""
-    path = CHART / "Chart.yaml"
+def dockerfile_version() -> str:
+    """The Dockerfile's `ARG VERSION=` default: the image's version label when it is built
+    without `make image` (which passes pyproject.toml's as --build-arg VERSION)."""
+    found = re.search(r"(?m)^ARG VERSION=(.*)$", DOCKERFILE.read_text())
+    return found[1].strip() if found else ""
+
+
+def _stamp_file(path: Path, replacements: list[tuple[str, str]]) -> bool:
     text = path.read_text()
-    stamped = re.sub(r"(?m)^version: .*$", f"version: {version}", text)
-    stamped = re.sub(r"(?m)^appVersion: .*$", f'appVersion: "{version}"', stamped)
+    stamped = text
+    for pattern, replacement in replacements:
+        stamped = re.sub(pattern, replacement, stamped)
     if stamped != text:
         path.write_text(stamped)
     return stamped != text
+
+
+def stamp(version: str) -> bool:
+    """Writes `version` into Chart.yaml's version and appVersion and the Dockerfile's VERSION
+    default (comments kept); True if it changed anything."""
+    chart = _stamp_file(
+        CHART / "Chart.yaml",
+        [(r"(?m)^version: .*$", f"version: {version}"),
+         (r"(?m)^appVersion: .*$", f'appVersion: "{version}"')],
+    )  # fmt: skip
+    image = _stamp_file(DOCKERFILE, [(r"(?m)^ARG VERSION=.*$", f"ARG VERSION={version}")])
+    return chart or image
 
 
 def sha256(path: Path) -> str:
@@ -81,23 +101,57 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def source_date_epoch() -> str:
+def source_date_epoch(source: Path = REPO) -> str:
     """The last commit's time (reproducible builds' SOURCE_DATE_EPOCH): the wheel's file times,
     so the same commit gives the same wheel; 1980 (the zip format's first date) outside git."""
     done = subprocess.run(
-        ["git", "-C", str(REPO), "log", "-1", "--format=%ct"],
+        ["git", "-C", str(source), "log", "-1", "--format=%ct"],
         capture_output=True, text=True, timeout=30, check=False,
     )  # fmt: skip
     stamp = done.stdout.strip()
     return stamp if done.returncode == 0 and stamp.isdigit() else "315532800"
 
 
-def build_wheel(dist: Path) -> Path:
-    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input"]
-    subprocess.run(
-        [*pip, "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist), str(REPO)],
-        check=True, timeout=600, env={**os.environ, "SOURCE_DATE_EPOCH": source_date_epoch()},
+# Outside git, what a copy of the tree leaves out: earlier builds' output, and caches.
+_NOT_SOURCES = shutil.ignore_patterns(
+    ".git", ".venv", "build", "dist", "site", "*.egg-info", "__pycache__", ".*_cache", ".hypothesis"
+)
+
+
+def tracked_copy(source: Path, into: Path) -> Path:
+    """The files git tracks in `source` (as the working tree has them), copied into `into`: a
+    build there sees no earlier build/ (whose build/lib would ship modules deleted since) and no
+    untracked file. Outside git, the tree without build output and caches."""
+    listed = subprocess.run(
+        ["git", "-C", str(source), "ls-files", "-z", "--cached"],
+        capture_output=True, timeout=60, check=False,
     )  # fmt: skip
+    if listed.returncode != 0:
+        shutil.copytree(source, into, ignore=_NOT_SOURCES, symlinks=True)
+        return into
+    into.mkdir(parents=True)
+    for name in sorted({n for n in listed.stdout.decode().split("\0") if n}):
+        path = source / name
+        if not path.is_file():  # deleted in the working tree, not yet in a commit
+            continue
+        (into / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, into / name)
+    return into
+
+
+def build_wheel(dist: Path, source: Path = REPO) -> Path:
+    """The wheel, built in a fresh copy of the tracked files (setuptools builds in the tree it
+    is given, and reuses what an earlier build left in build/)."""
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input"]
+    dist.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="wheel-build-") as scratch:
+        tree = tracked_copy(source, Path(scratch) / "src")
+        subprocess.run(
+            [*pip, "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist.resolve()),
+             str(tree)],
+            check=True, timeout=600,
+            env={**os.environ, "SOURCE_DATE_EPOCH": source_date_epoch(source)},
+        )  # fmt: skip
     (wheel,) = dist.glob("trainjob_scheduling_webhook-*.whl")
     return wheel
 
@@ -223,6 +277,11 @@ def release(dist: Path, url: str) -> list[Path]:
             f"error: Chart.yaml's version/appVersion {chart_versions()} are not the package's "
             f"{version}: run `make stamp` and commit"
         )
+    if dockerfile_version() != version:
+        raise SystemExit(
+            f"error: the Dockerfile's VERSION default {dockerfile_version()!r} is not the "
+            f"package's {version}: run `make stamp` and commit"
+        )
     if dist.exists():
         shutil.rmtree(dist)
     dist.mkdir(parents=True)
@@ -241,12 +300,15 @@ def main(argv: list[str] | None = None) -> int:
         help="where the release's files will be downloadable ({version} is replaced): the "
         "krew manifest points there (default: %(default)s, a placeholder)",
     )  # fmt: skip
-    parser.add_argument("--stamp", action="store_true", help="only stamp the chart's versions")
+    parser.add_argument(
+        "--stamp", action="store_true", help="only stamp the chart's versions and the Dockerfile's"
+    )
     args = parser.parse_args(argv)
     if args.stamp:
         version = package_version()
         changed = stamp(version)
-        print(f"Chart.yaml: version and appVersion {version}" + ("" if changed else " (as was)"))
+        said = "" if changed else " (as was)"
+        print(f"Chart.yaml version and appVersion, Dockerfile VERSION: {version}{said}")
         return 0
     for path in release(Path(args.dist), args.url):
         print(path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path)

@@ -16,6 +16,7 @@ from typing import Any, TextIO, TypeVar
 
 import yaml
 
+from . import package_version
 from .backends.base import GangBackend
 from .backends.volcano import VolcanoSettings, parse_tiers
 from .core import errors as fe
@@ -33,20 +34,6 @@ EXIT_USAGE = 2
 
 class UsageError(Exception):
     pass
-
-
-DISTRIBUTION = "trainjob-scheduling-webhook"
-
-
-def package_version() -> str:
-    """The installed package's version: pyproject.toml's, the one version source (the chart's
-    version and appVersion and the image's version label are stamped from it too)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(DISTRIBUTION)
-    except PackageNotFoundError:  # sources on the path without an install
-        return "unknown"
 
 
 def _load(paths: Sequence[str]) -> list[dict[str, Any]]:
@@ -375,10 +362,10 @@ def _add_uninstall(commands: Any) -> None:
 
 def uninstall_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from .explain.gather import ExplainError
-    from .kube.uninstall import Summary, clean_up, service_present
+    from .kube.uninstall import Summary, clean_up, installed_configurations
 
-    async def uninstall(api: Any, _: str) -> tuple[Summary, bool]:
-        present = await service_present(api)
+    async def uninstall(api: Any, _: str) -> tuple[Summary, list[str]]:
+        present = await installed_configurations(api)
         return await clean_up(api, args.namespace, dry_run=args.dry_run), present
 
     try:
@@ -388,8 +375,9 @@ def uninstall_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int
         return EXIT_INVALID
     if present:
         print(
-            "Warning: the service's webhook configuration is still installed: a running "
-            "service writes the condition and annotation back (helm uninstall first)",
+            "Warning: the service's webhook configuration is still installed "
+            f"(MutatingWebhookConfiguration {', '.join(present)}): a running service writes "
+            "the condition and annotation back (helm uninstall first)",
             file=err,
         )
     for cleaned in summary.cleaned:
@@ -575,7 +563,7 @@ _SERVE_OPTIONS: list[tuple[str, str, Any, str, str]] = [
     ("--retry-period", "RETRY_PERIOD", _positive(float), "2",
      "seconds between Lease attempts"),
     ("--discovery-period", "DISCOVERY_PERIOD", _positive(float), "60",
-     "seconds between checks that scheduling.k8s.io/v1beta1 is served"),
+     "seconds between checks of which scheduling.k8s.io version is served"),
     ("--resync-period", "RESYNC_PERIOD", _positive(float), "600",
      "seconds between passes over every TrainJob"),
     ("--cert-poll-seconds", "CERT_POLL_SECONDS", _positive(float), "5",

@@ -31,7 +31,9 @@ class Kind:
     """One kind of object a backend makes (always namespaced, beside the TrainJob)."""
 
     group: str
-    version: str
+    # Not part of a kind's identity: the native backend's kinds are served in one of several
+    # versions (discovery picks one), and the cache keeps one store per kind whichever it is.
+    version: str = field(compare=False)
     plural: str
     kind: str
     optional: bool = False

@@ -1,8 +1,11 @@
-"""The native Kubernetes 1.37 backend (kube-scheduler with GenericWorkload): one
-`scheduling.k8s.io/v1beta1` Workload with a PodGroupTemplate per group, one PodGroup per
-template (was-api.md sections 1 and 4); pods name their PodGroup in `spec.schedulingGroup`.
+"""The native backend (kube-scheduler with GenericWorkload): one `scheduling.k8s.io` Workload
+with a PodGroupTemplate per group, one PodGroup per template (was-api.md sections 1 and 4); pods
+name their PodGroup in `spec.schedulingGroup`. Kubernetes 1.37 serves them as `v1beta1`, 1.36 as
+`v1alpha2`: discovery picks the newest served (`use_version`), `native_versions.py` knows how
+the shapes differ.
 
-Drift (rule 8(f)): a different `gang.minCount` is patched in place; values the API server fills
+Drift (rule 8(f)): a different `gang.minCount` is patched in place (1.37; in 1.36 it is
+immutable, so it is a recreate too); values the API server fills
 in where the desired object leaves a field unset are not drift; any other difference means
 delete and create again. A gated field (topology, claims) that the desired object sets and the
 stored one lacks was dropped by the API server because its feature gate is off: recreating
@@ -39,6 +42,7 @@ from .base import (
     spec_of,
     with_uid_test,
 )
+from .native_versions import SHAPES, V1BETA1, VERSIONS, Shapes
 
 GROUP, VERSION = "scheduling.k8s.io", "v1beta1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -236,7 +240,9 @@ def pod_group(plan: Plan, group: GroupPlan, workload_uid: str | None = None) -> 
 # --- drift -----------------------------------------------------------------------------------
 
 
-def workload_drift(desired: Mapping[str, Any], actual: Mapping[str, Any]) -> Drift:
+def workload_drift(
+    desired: Mapping[str, Any], actual: Mapping[str, Any], shapes: Shapes = SHAPES[V1BETA1]
+) -> Drift:
     want, have = spec_of(desired), spec_of(actual)
     if want.get("controllerRef") != have.get("controllerRef"):
         return Drift("recreate", reason="spec.controllerRef differs")
@@ -256,7 +262,7 @@ def workload_drift(desired: Mapping[str, Any], actual: Mapping[str, Any]) -> Dri
     dropped: list[str] = []
     for index, (name, template) in enumerate(want_templates.items()):
         path = f"/spec/podGroupTemplates/{index}"
-        drift = _group_drift(template, have_templates[name], f"template {name!r}")
+        drift = _group_drift(template, have_templates[name], f"template {name!r}", shapes)
         if drift.kind == "recreate":
             return drift
         dropped += drift.dropped
@@ -269,13 +275,16 @@ def workload_drift(desired: Mapping[str, Any], actual: Mapping[str, Any]) -> Dri
     return _result(actual, ops, dropped)
 
 
-def pod_group_drift(desired: Mapping[str, Any], actual: Mapping[str, Any]) -> Drift:
+def pod_group_drift(
+    desired: Mapping[str, Any], actual: Mapping[str, Any], shapes: Shapes = SHAPES[V1BETA1]
+) -> Drift:
     want, have = spec_of(desired), spec_of(actual)
-    if want.get("workloadRef") != have.get("workloadRef"):
-        return Drift("recreate", reason="spec.workloadRef differs")
+    ref = shapes.pod_group_ref
+    if want.get(ref) != have.get(ref):
+        return Drift("recreate", reason=f"spec.{ref} differs")
     if want.get("parentCompositePodGroupName") != have.get("parentCompositePodGroupName"):
         return Drift("recreate", reason="spec.parentCompositePodGroupName differs")
-    drift = _group_drift(want, have, "the PodGroup")
+    drift = _group_drift(want, have, "the PodGroup", shapes)
     if drift.kind == "recreate":
         return drift
     ops = []
@@ -305,7 +314,9 @@ def _filled_differs(want: Mapping[str, Any], have: Mapping[str, Any]) -> str | N
     return next((k for k in SERVER_FILLED if k in want and want[k] != have.get(k)), None)
 
 
-def _group_drift(want: Mapping[str, Any], have: Mapping[str, Any], what: str) -> Drift:
+def _group_drift(
+    want: Mapping[str, Any], have: Mapping[str, Any], what: str, shapes: Shapes
+) -> Drift:
     """A PodGroupTemplate against a stored one, or a PodGroup spec against a stored one."""
     if set(want.get("schedulingPolicy") or {}) != set(have.get("schedulingPolicy") or {}):
         return Drift("recreate", reason=f"{what}: the scheduling policy kind differs")
@@ -316,11 +327,15 @@ def _group_drift(want: Mapping[str, Any], have: Mapping[str, Any], what: str) ->
     if "disruptionMode" in want:
         if want["disruptionMode"] != mode:
             return Drift("recreate", reason=f"{what}: disruptionMode differs")
-    elif mode not in (None, {"single": {}}):  # the server's default for an unset mode
+    elif mode not in (None, shapes.default_disruption_mode):  # the server's default if unset
         return Drift("recreate", reason=f"{what}: disruptionMode differs")
     if (differs := _filled_differs(want, have)) is not None:
         return Drift("recreate", reason=f"{what}: {differs} differs")
     changed = _min_count(want) != _min_count(have)
+    if changed and not shapes.min_count_mutable:
+        # 1.36: only delete and create again changes it (the reconciler holds that while
+        # the TrainJob has pods).
+        return Drift("recreate", reason=f"{what}: gang.minCount differs (immutable in 1.36)")
     return Drift("patch" if changed else "none", dropped=tuple(dropped))
 
 
@@ -425,8 +440,7 @@ def with_min_counts(kind: Kind, obj: Mapping[str, Any], plan: Plan) -> tuple[Jso
             return out, []
         meta = out.get("metadata")
         name = meta.get("name") if isinstance(meta, dict) else None
-        ref = spec.get("workloadRef")
-        template = ref.get("templateName") if isinstance(ref, dict) else None
+        template = _shapes_of(out).template_name(spec)
         group = next((g for g in plan.groups if g.pod_group_name == name), None)
         if group is None and isinstance(template, str):
             group = match_group(plan, template)
@@ -452,6 +466,12 @@ def with_min_counts(kind: Kind, obj: Mapping[str, Any], plan: Plan) -> tuple[Jso
             "schedulingPolicy": _with_min_count(tmpl["schedulingPolicy"], group.min_count),
         }
     return out, warnings
+
+
+def _shapes_of(obj: Mapping[str, Any]) -> Shapes:
+    """The shapes of an object's own version (the defaulting webhook gets either)."""
+    version = str(obj.get("apiVersion") or "").rpartition("/")[2]
+    return SHAPES.get(version, SHAPES[V1BETA1])
 
 
 def match_group(plan: Plan, template: str) -> GroupPlan | None:
@@ -487,14 +507,16 @@ def _unmatched(plan: Plan, template: Any) -> str:
 
 
 def pod_group_status(obj: Mapping[str, Any]) -> GangStatus:
-    """What kube-scheduler's `PodGroupInitiallyScheduled` condition says of a PodGroup."""
+    """What kube-scheduler's condition (`PodGroupInitiallyScheduled`; 1.36:
+    `PodGroupScheduled`, by the object's apiVersion) says of a PodGroup."""
+    condition = _shapes_of(obj).condition
     spec = spec_of(obj)
     policy = spec.get("schedulingPolicy")
     kind = "gang" if isinstance(policy, dict) and "gang" in policy else "basic"
     status = obj.get("status")
     conditions = status.get("conditions") if isinstance(status, dict) else None
     for cond in conditions if isinstance(conditions, list) else ():
-        if not isinstance(cond, dict) or cond.get("type") != CONDITION:
+        if not isinstance(cond, dict) or cond.get("type") != condition:
             continue
         if cond.get("status") == "True":
             at = cond.get("lastTransitionTime")
@@ -515,8 +537,25 @@ def pod_group_status(obj: Mapping[str, Any]) -> GangStatus:
 
 class NativeBackend:
     name: str = "native"
-    kinds: tuple[Kind, ...] = (WORKLOAD, COMPOSITE, POD_GROUP)
-    defaulted: tuple[Kind, ...] = (WORKLOAD, POD_GROUP)  # its mutating webhooks
+    versions: tuple[str, ...] = VERSIONS  # what discovery may choose from, newest first
+
+    def __init__(self, version: str = V1BETA1) -> None:
+        self.use_version(version)
+
+    def use_version(self, version: str) -> None:
+        """Speak `version` from now on (discovery's choice: the newest the cluster serves)."""
+        self.shapes = SHAPES[version]
+        workload, pod_group = (
+            Kind(k.group, version, k.plural, k.kind) for k in (WORKLOAD, POD_GROUP)
+        )
+        # CompositePodGroup stays v1alpha3: a 1.36 cluster does not serve it, so discovery
+        # finds it not served and plans that need it are denied there.
+        self.kinds: tuple[Kind, ...] = (workload, COMPOSITE, pod_group)
+        self.defaulted: tuple[Kind, ...] = (workload, pod_group)  # its mutating webhooks
+
+    @property
+    def version(self) -> str:
+        return self.shapes.version
 
     @property
     def rbac(self) -> tuple[Rule, ...]:
@@ -531,18 +570,19 @@ class NativeBackend:
         if not plan.groups:
             return []
         workload_uid = (uids or {}).get((WORKLOAD.kind, plan.workload_name))
+        outgoing = self.shapes.outgoing
         return [
-            workload(plan),
+            outgoing(workload(plan)),
             *(composite_pod_group(plan, c, workload_uid) for c in plan.composites),
-            *(pod_group(plan, g, workload_uid) for g in plan.groups),
+            *(outgoing(pod_group(plan, g, workload_uid)) for g in plan.groups),
         ]
 
     def drift(self, desired: JsonObject, stored: JsonObject) -> Drift:
         if desired.get("kind") == WORKLOAD.kind:
-            return workload_drift(desired, stored)
+            return workload_drift(desired, stored, self.shapes)
         if desired.get("kind") == COMPOSITE.kind:
             return composite_drift(desired, stored)
-        return pod_group_drift(desired, stored)
+        return pod_group_drift(desired, stored, self.shapes)
 
     def depth(self, kind: Kind, obj: JsonObject) -> int:
         return 1 if kind == COMPOSITE and spec_of(obj).get("parentCompositePodGroupName") else 0

@@ -36,6 +36,7 @@ from ..core.trainer import (
 from ..core.validation import check_stored_runtime
 from ..kube import rest
 from ..kube.client import CLUSTER_RUNTIMES, TRAINING_RUNTIMES, TRAINJOBS
+from ..kube.discovery import Versioned, newest_served
 from ..kube.gangpods import attempt_of
 
 Json = dict[str, Any]
@@ -215,6 +216,10 @@ async def _gang_objects(api: ApiClient, found: Findings) -> None:
     backend = found.backend
     if backend is None:
         return
+    if isinstance(backend, Versioned):  # speak the version this cluster serves (1.36: v1alpha2)
+        version = await newest_served(api, backend)
+        if version is not None:
+            backend.use_version(version)
     selector = f"{TRAINJOB_LABEL}={found.name}"
     for kind in backend.kinds:
         path = rest.collection(kind.group, kind.version, kind.plural, found.namespace)

@@ -6,6 +6,10 @@ With GenericWorkload off (or an older cluster), the API server does not serve
 scheduler whose CRDs are not installed has no PodGroup kind to create. Either way the reconciler
 creates nothing for that backend and the pod webhook ties no pod to it, while the webhooks stay
 ready for everything else. Each change is logged once, not on every check.
+
+A backend whose kinds are served in several versions (the native one: `v1beta1` on 1.37,
+`v1alpha2` on 1.36) speaks the newest the cluster serves; when that changes (a cluster
+upgraded), its watches start again in the new version.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import orjson
 from kubernetes.aio.client import ApiClient
@@ -23,6 +27,35 @@ from .cache import Cache, GangApi
 from .informer import Informer
 
 log = logging.getLogger("webhook.discovery")
+
+
+@runtime_checkable
+class Versioned(Protocol):
+    """A backend whose required kinds are served in one of several versions of their group."""
+
+    name: str
+    kinds: tuple[Kind, ...]
+    versions: tuple[str, ...]  # newest first
+
+    @property
+    def version(self) -> str: ...
+
+    def use_version(self, version: str) -> None: ...
+
+
+async def newest_served(api: ApiClient, backend: Versioned) -> str | None:
+    """The newest of a `Versioned` backend's versions serving all its required kinds; None when
+    none is, or discovery cannot tell whether a newer one is (then nothing should change)."""
+    required = [k for k in backend.kinds if not k.optional]
+    needed = frozenset(k.plural for k in required)
+    for version in backend.versions:
+        state = await api_state(api, f"{required[0].group}/{version}", needed)
+        if state == "unknown":
+            return None
+        if state == "served":
+            return version
+    return None
+
 
 # Why a backend's API may be missing, for the error line.
 HINTS = {
@@ -110,6 +143,7 @@ class BackendApiWatch:
                 await self._stop(kind)
 
     async def _check(self, backend: GangBackend) -> None:
+        await self._choose_version(backend)
         states: dict[str, GangApi] = {}
         for version in dict.fromkeys(k.group_version for k in backend.kinds):
             kinds = [k for k in backend.kinds if k.group_version == version]
@@ -148,6 +182,25 @@ class BackendApiWatch:
                 ]
             elif not wanted and kind in self._watches:
                 await self._stop(kind)
+
+    async def _choose_version(self, backend: GangBackend) -> None:
+        """Switch a `Versioned` backend to the newest version of its required kinds the
+        cluster serves; kept as it is while none is (or discovery cannot tell)."""
+        if not isinstance(backend, Versioned):
+            return
+        version = await newest_served(self.api, backend)
+        if version is None or version == backend.version:
+            return
+        required = [k for k in backend.kinds if not k.optional]
+        log.info(
+            f"{required[0].group}/{version} is the newest scheduling API served: the "
+            f"{backend.name} gang backend uses it (was {backend.version})"
+        )
+        for kind in required:  # the cache holds the old version's objects: watch again
+            await self._stop(kind)
+        backend.use_version(version)
+        if self.on_change and self.cache.api(backend) == "served":
+            self.on_change(backend, "served")  # look at every TrainJob again in the new shapes
 
     def _report(self, backend: GangBackend, state: GangApi) -> None:
         version = backend.kinds[0].group_version

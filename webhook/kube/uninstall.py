@@ -196,13 +196,28 @@ async def _clean(objects: CustomObjectsApi, obj: Json, dry_run: bool) -> Cleaned
     return found
 
 
-async def service_present(api: ApiClient) -> bool:
-    """Whether the service's webhook configuration is still installed (then it would write
-    the condition and annotation back). Unreadable counts as absent: this is advice only."""
+# Every object the chart makes carries it (charts/.../_helpers.tpl `tjs.labels`), whatever the
+# release's name or fullnameOverride: the webhook configurations are named after those.
+PART_OF_SELECTOR = "app.kubernetes.io/part-of=trainjob-scheduling"
+
+
+async def installed_configurations(api: ApiClient) -> list[str]:
+    """The names of the service's MutatingWebhookConfigurations still installed (then it would
+    write the condition and annotation back): the chart's, found by its label under any release
+    name; without `list` on them, the default release's name (FIELD_MANAGER) read by `get`.
+    Unreadable counts as absent: this is advice only."""
     from kubernetes.aio.client import AdmissionregistrationV1Api
 
+    admission: Any = AdmissionregistrationV1Api(api)  # its answers are typed as object
     try:
-        await AdmissionregistrationV1Api(api).read_mutating_webhook_configuration(FIELD_MANAGER)
+        listed = await admission.list_mutating_webhook_configuration(
+            label_selector=PART_OF_SELECTOR, limit=PAGE
+        )
+        return sorted(str(c.metadata.name) for c in listed.items or [] if c.metadata is not None)
+    except Exception:  # 403 (no list), not served: the fixed name is all there is to ask for
+        pass
+    try:
+        await admission.read_mutating_webhook_configuration(FIELD_MANAGER)
     except Exception:  # 404, 403, not served: nothing to say
-        return False
-    return True
+        return []
+    return [FIELD_MANAGER]

@@ -196,7 +196,8 @@ class Metrics:
         )
         self.gang_api_available = Gauge(
             "trainjob_scheduling_gang_api_available",
-            "1 when discovery shows scheduling.k8s.io/v1beta1 serving workloads and podgroups "
+            "1 when discovery shows scheduling.k8s.io/v1beta1 (1.36: v1alpha2) serving workloads "
+            "and podgroups "
             "(the native backend's API; the others are in ..._backend_api_available).",
             registry=r,
         )

@@ -99,7 +99,6 @@ class Reconciler:
         self.clock = clock
         self.wall = wall  # compared with creationTimestamps
         self.backends = cache.backends
-        self.kinds = cache.backends.kinds  # every backend's, each parents first
         self.queue: WorkQueue[Key] | None = None  # exists while leading
         self._deleted: set[str] = set()  # uids deleted whose DELETED event has not come yet
         # Objects created whose ADDED event has not come yet: the next pass must not create
@@ -544,6 +543,11 @@ class Reconciler:
                 if is_managed(stale) and (kind, _meta(stale).get("name")) not in wanted:
                     await self._delete(trainjob, kind, stale, "no longer in the plan", changes)
         return DONE
+
+    @property
+    def kinds(self) -> tuple[Kind, ...]:
+        """Every backend's kinds, each parents first, in the versions discovery chose now."""
+        return self.backends.kinds
 
     def _deepest_first(self, kind: Kind, objs: list[JsonObject]) -> list[JsonObject]:
         """Children before parents within a kind (a tree's composites)."""

@@ -34,8 +34,22 @@ characters, so <name>-metrics-reader and the like stay within 63. */}}
 {{/* CEL: true (call the TrainJob webhook) unless the request is an UPDATE whose only change
 is spec.suspend. Metadata other than labels and annotations (resourceVersion, managedFields,
 finalizers) is not compared: the webhook judges none of it. */}}
+{{/* The keys of a TrainJob's spec whose change alone skips the TrainJob webhook: spec.suspend
+for anyone, and spec.runtimePatches too when Kueue's own identity writes it (webhooks.
+validateTrainJob.kueueUsername: admission writes its `kueue.x-k8s.io/manager` patch, then
+resumes; preemption restores and suspends). A tenant's runtimePatches change is always sent. */}}
+{{- define "tjs.skippableSpecKey" -}}
+{{- $kueue := .Values.webhooks.validateTrainJob.kueueUsername -}}
+{{- if $kueue -}}
+(k == 'suspend' || (k == 'runtimePatches' && request.userInfo.username == {{ $kueue | squote }}))
+{{- else -}}
+(k == 'suspend')
+{{- end -}}
+{{- end -}}
+
 {{- define "tjs.notOnlySuspend" -}}
-request.operation != 'UPDATE' || !has(object.spec) || !has(oldObject.spec) || (has(object.metadata.annotations) ? object.metadata.annotations : {}) != (has(oldObject.metadata.annotations) ? oldObject.metadata.annotations : {}) || (has(object.metadata.labels) ? object.metadata.labels : {}) != (has(oldObject.metadata.labels) ? oldObject.metadata.labels : {}) || object.spec.exists(k, k != 'suspend' && (!(k in oldObject.spec) || object.spec[k] != oldObject.spec[k])) || oldObject.spec.exists(k, k != 'suspend' && !(k in object.spec))
+{{- $skip := include "tjs.skippableSpecKey" . -}}
+request.operation != 'UPDATE' || !has(object.spec) || !has(oldObject.spec) || (has(object.metadata.annotations) ? object.metadata.annotations : {}) != (has(oldObject.metadata.annotations) ? oldObject.metadata.annotations : {}) || (has(object.metadata.labels) ? object.metadata.labels : {}) != (has(oldObject.metadata.labels) ? oldObject.metadata.labels : {}) || object.spec.exists(k, !{{ $skip }} && (!(k in oldObject.spec) || object.spec[k] != oldObject.spec[k])) || oldObject.spec.exists(k, !{{ $skip }} && !(k in object.spec))
 {{- end -}}
 
 {{- define "tjs.chartLabel" -}}
@@ -85,6 +99,23 @@ matchExpressions:
   values: {{ uniq (append .Values.webhooks.excludeNamespaces .Release.Namespace) | toJson }}
 {{- with .Values.webhooks.namespaceSelectorExpressions }}
 {{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* The namespaces the TrainJob webhook is called for: every namespace the reconciler serves
+(all, or serve.watchNamespaces), whatever narrows the other webhooks. It is the runtime
+snapshot's tamper check: a TrainJob in a namespace it skipped (unlabelled in label mode,
+excluded, the release's own) could carry a tenant's snapshot, and the reconciler would build
+that gang. It judges TrainJobs only, so calling it everywhere blocks nothing the cluster needs
+to start. */}}
+{{- define "tjs.trainjobNamespaceSelector" -}}
+{{- with .Values.serve.watchNamespaces }}
+matchExpressions:
+- key: kubernetes.io/metadata.name
+  operator: In
+  values: {{ uniq . | toJson }}
+{{- else }}
+{}
 {{- end }}
 {{- end -}}
 
