@@ -46,6 +46,7 @@ from tests.test_reconciler import NAME, NS, cluster_runtime, events, stored
 from tests.test_status import NUM_NODES, Service, small_trainjob
 from webhook.admission.handlers import HOLD_CODE
 from webhook.backends.native import WORKLOAD
+from webhook.core import condition as cond
 from webhook.core import naming
 from webhook.core.snapshot import SNAPSHOT_ANNOTATION
 from webhook.kube.lookup import TrainJobLookup, api_ask
@@ -497,3 +498,58 @@ async def test_a_trainjob_that_started_without_a_gang_never_gets_one_mid_flight(
         replacement = await jobs.create_pod(0)  # a pod of the running TrainJob, later
         assert replacement is not None and group_of(replacement) is None
         assert not [o for (r, _, _), o in list(s.k.objects.items()) if r in (WORKLOADS, POD_GROUPS)]
+
+
+# --- a finished TrainJob: a tombstone in the cache (issue 27 part 4) ----------------------------
+
+
+async def test_a_trainjob_that_completes_shrinks_to_a_tombstone_and_its_pods_are_held(
+    tmp_path: Path,
+) -> None:
+    """Trainer says Complete: the reconciler releases the gang and says Finished, as it did; the
+    cache keeps a tombstone (identity, the runtime snapshot, the spec planning reads, the
+    conditions read: no labels, no trainer image, no memoised plan); a pod made for it then is
+    held with that reason, never admitted loose nor tied to the released gang."""
+    async with cluster(tmp_path) as (s, jobs):
+        await create(s.k, CLUSTER_RUNTIMES, cluster_runtime())
+        tj = small_trainjob()
+        tj["metadata"]["labels"] = {"team": "vision"}
+        tj["spec"]["trainer"].update(image="example/train:1", command=["torchrun", "train.py"])
+        created = await create(s.k, TRAINJOBS, tj)
+        group = await the_gang_of(s.k, created["metadata"]["uid"])
+        pods = await jobs.gang()
+        assert [group_of(p) for p in pods] == [group["metadata"]["name"]] * NUM_NODES
+        running = s.cache.trainjobs.get(NS, NAME)
+        assert running is not None and running.memo is not None  # the pod webhook's plan
+        assert running.raw["metadata"]["labels"] == {"team": "vision"}
+        trainer = running.raw["spec"]["trainer"]
+        assert set(trainer) == {"numNodes", "resourcesPerNode"}  # no image, no command
+
+        complete = {"type": "Complete", "status": "True", "reason": "Done", "message": "done"}
+        kept = (stored(s.k, TRAINJOBS, NAME) or {})["status"]["conditions"]
+        await patch(s.k, TRAINJOBS, NS, NAME, {"status": {"conditions": [*kept, complete]}})
+        await condition_reason(s.k, cond.FINISHED)
+        await eventually(
+            lambda: (
+                all(p["metadata"].get("deletionTimestamp") for p in live_pod_groups(s.k))
+                or not live_pod_groups(s.k)
+            ),
+            "the gang released",
+        )
+        await pods_gone(s.k)
+        await eventually(lambda: not live_pod_groups(s.k) and not pod_group(s.k, NAME), "gone")
+
+        entry = s.cache.trainjobs.get(NS, NAME)
+        assert entry is not None and entry.memo is None
+        meta = entry.raw["metadata"]
+        assert "labels" not in meta and list(meta["annotations"]) == [SNAPSHOT_ANNOTATION]
+        assert meta["uid"] == created["metadata"]["uid"]
+        assert entry.raw["spec"]["trainer"] == trainer  # what planning reads
+        types = sorted(c["type"] for c in entry.raw["status"]["conditions"])
+        assert types == ["Complete", cond.CONDITION_TYPE]
+
+        assert await jobs.create_pod(0) is None
+        assert "the TrainJob has finished" in jobs.held[-1]
+        entry = s.cache.trainjobs.get(NS, NAME)
+        assert entry is not None and entry.memo is None  # holding it planned nothing
+        assert not live_pod_groups(s.k)  # nothing made again for it

@@ -13,10 +13,12 @@ Objects are what a watch brings, as JSON bytes decoded the way the informer deco
 * a foreign PodGroup (`scheduling.k8s.io/v1beta1`, a Job's own, as 1.38's per-Job gangs are:
   not a TrainJob's), with the managedFields its controller and the scheduler leave.
 
-Each is measured twice with tracemalloc: kept whole (a plain dict by key, what the cache did
-before) and in the service's own stores (managedFields and the last-applied annotation dropped;
-anyone else's gang objects kept as stubs, `kube/gangstore.py`). For the TrainJobs, the plan
-each one memoises when the pod webhook or reconciler first asks is measured too.
+Each is measured with tracemalloc: kept whole (a plain dict by key), with only the bookkeeping
+dropped (managedFields and the last-applied annotation: what the cache kept of a TrainJob before
+`core/kept.py`), and in the service's own stores (a TrainJob as its readers read it, a finished
+one as a tombstone; anyone else's gang objects as stubs, `kube/gangstore.py`). For the running
+TrainJobs, the plan each one memoises when the pod webhook or reconciler first asks is measured
+too; a finished one (Trainer's Complete condition, its jobs succeeded) memoises none.
 """
 
 from __future__ import annotations
@@ -178,6 +180,24 @@ def trainjob(i: int, runtime_obj: Json) -> Json:
     return obj
 
 
+def finished_trainjob(i: int, runtime_obj: Json) -> Json:
+    """The same TrainJob once Trainer says Complete (and the service, Finished)."""
+    obj = trainjob(i, runtime_obj)
+    conditions = obj["status"]["conditions"]
+    conditions[1].update(status="False", reason="Finished", message="the TrainJob has finished")
+    conditions.append(
+        {
+            "type": "Complete",
+            "status": "True",
+            "reason": "JobsCompleted",
+            "message": "jobs have been completed",
+            "lastTransitionTime": TIME,
+        }
+    )
+    obj["status"]["jobsStatus"][0].update(ready=0, active=0, succeeded=1)
+    return obj
+
+
 def foreign_podgroup(i: int) -> Json:
     """A Job's own PodGroup (another controller's gang), with its managedFields."""
     name = f"batch-{i:05d}"
@@ -303,24 +323,56 @@ def main() -> None:
     def jobs() -> Iterator[Json]:
         return (trainjob(i, runtime_obj) for i in range(n))
 
-    full, _ = measured(lambda: whole(jobs()))
-    cache = Cache(connected=True)
-    cache.cluster_runtimes.apply("ADDED", runtime_obj)
-    kept, _ = measured(lambda: stored(cache.trainjobs, jobs()))
-    print(f"  TrainJobs kept whole:            {full / n / 1000:6.2f} KB each")
-    print(f"  TrainJobs in the cache:          {kept / n / 1000:6.2f} KB each "
-          f"({100 * (1 - kept / full):.0f}% less)")  # fmt: skip
+    def done() -> Iterator[Json]:
+        return (finished_trainjob(i, runtime_obj) for i in range(n))
 
-    def plans() -> int:
-        found = 0
-        for (ns, name), _ in cache.trainjobs.items():
-            found += cache.plan_for(ns, name).plan is not None
+    def cache(kept: bool = True) -> Cache:
+        found = Cache(connected=True)
+        if not kept:  # as before core/kept.py: only the bookkeeping dropped
+            found.trainjobs = Store("trainjobs")
+        found.cluster_runtimes.apply("ADDED", runtime_obj)
         return found
 
-    planned, found = measured(plans)
-    assert found == n, f"{found} of {n} TrainJobs have a plan"
-    print(f"  + the plan each memoises:        {planned / n / 1000:6.2f} KB each")
-    print(f"  = per TrainJob:                  {(kept + planned) / n / 1000:6.2f} KB")
+    def plans(found: Cache) -> int:
+        planned = 0
+        for (ns, name), _ in found.trainjobs.items():
+            planned += found.plan_for(ns, name).plan is not None
+        return planned
+
+    def per(total: float) -> str:
+        return f"{total / n / 1000:.2f} KB"
+
+    old = cache(kept=False)
+    full, _ = measured(lambda: whole(jobs()))
+    before, _ = measured(lambda: stored(old.trainjobs, jobs()))
+    planned_before, found = measured(lambda: plans(old))
+    assert found == n, f"{found} of {n} running TrainJobs have a plan"
+    running = cache()
+    kept, _ = measured(lambda: stored(running.trainjobs, jobs()))
+    planned, found = measured(lambda: plans(running))
+    assert found == n, f"{found} of {n} running TrainJobs have a plan"
+    print("  a running TrainJob (each):")
+    print(f"    kept whole:                    {per(full)}")
+    print(f"    before (bookkeeping dropped):  {per(before)} + its plan {per(planned_before)}"
+          f" = {per(before + planned_before)}")  # fmt: skip
+    print(f"    in the cache (fields read):    {per(kept)} "
+          f"({100 * (1 - kept / full):.0f}% less than whole, "
+          f"{100 * (1 - kept / before):.0f}% less than before)")  # fmt: skip
+    print(f"    + the plan it memoises:        {per(planned)}")
+    print(f"    = per running TrainJob:        {per(kept + planned)}")
+
+    finished = cache()
+    full_done, _ = measured(lambda: whole(done()))
+    before_done, _ = measured(lambda: stored(Store("trainjobs"), done()))
+    kept_done, _ = measured(lambda: stored(finished.trainjobs, done()))
+    memo_done, found = measured(lambda: plans(finished))
+    assert found == 0, f"{found} of {n} finished TrainJobs have a plan"
+    print("  a finished TrainJob (Complete; each):")
+    print(f"    kept whole:                    {per(full_done)}")
+    print(f"    before (bookkeeping dropped):  {per(before_done)} + its plan {per(planned_before)}"
+          f" = {per(before_done + planned_before)}")  # fmt: skip
+    print(f"    in the cache (tombstone):      {per(kept_done)}, "
+          f"no plan ({per(memo_done)} after the lookups)")  # fmt: skip
 
     def groups() -> Iterator[Json]:
         return (foreign_podgroup(i) for i in range(m))
@@ -328,7 +380,7 @@ def main() -> None:
     sample_pg = foreign_podgroup(0)
     print(f"  a foreign PodGroup as stored: {len(orjson.dumps(sample_pg)):,} bytes of JSON")
     full_pg, _ = measured(lambda: whole(groups()))
-    kept_pg, _ = measured(lambda: stored(cache.store(POD_GROUP), groups()))
+    kept_pg, _ = measured(lambda: stored(running.store(POD_GROUP), groups()))
     saved = 100 * (1 - kept_pg / full_pg)
     print(f"  foreign PodGroups kept whole:    {full_pg / m / 1000:6.2f} KB each, "
           f"{full_pg / 1e6:.1f} MB for {m}")  # fmt: skip

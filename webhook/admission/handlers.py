@@ -300,7 +300,14 @@ def _runtime_unknowable(trainjob: TrainJob, connected: bool) -> FieldError:
 
 HOLD_CODE = 403
 # A plan lookup that found no plan, as the reason label of a hold.
-_HELD_FOR = {"unfrozen": "NotFrozen", "no-runtime": "RuntimeNotFound", "invalid": "InvalidPlan"}
+# A finished TrainJob's pod is held rather than tied: its gang was released, and the cache keeps
+# no plan for it (a tombstone, `core/kept.py`); a pod tied to a released gang would wait for ever.
+_HELD_FOR = {
+    "unfrozen": "NotFrozen",
+    "no-runtime": "RuntimeNotFound",
+    "invalid": "InvalidPlan",
+    "finished": "TrainJobFinished",
+}
 
 
 def held(reason: str, why: str) -> Decision:

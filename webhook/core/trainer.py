@@ -302,6 +302,9 @@ class TrainJobStatus(Model):
 
 
 class TrainJob(Model):
+    """A TrainJob as the service reads it. The cache keeps only what is read of a stored one
+    (`core/kept.py`): a field read here must be kept there (tests/test_kept.py fails if not)."""
+
     api_version: str = TRAINER_API_VERSION
     kind: str = TRAINJOB_KIND
     metadata: ObjectMeta = Field(default_factory=ObjectMeta)

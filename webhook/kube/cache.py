@@ -14,6 +14,7 @@ from typing import Any, Literal
 from ..backends.base import ClusterFacts, GangBackend, Kind
 from ..backends.registry import Backends, default_backends
 from ..core.fields import parse
+from ..core.kept import finished
 from ..core.memo import Memo
 from ..core.plan import Plan, PlanningError, build_plan
 from ..core.snapshot import Frozen, from_text, snapshot_of
@@ -24,6 +25,7 @@ from .gangstore import GangStore
 from .index import OwnerIndex
 from .lookup import TrainJobLookup
 from .store import Entry, EventType, Key, Listener, Store, key_of
+from .trainjobstore import TrainJobStore
 
 __all__ = ["Cache", "Entry", "EventType", "GangApi", "Key", "Listener", "PlanLookup", "Store"]
 __all__ += ["key_of"]
@@ -34,16 +36,26 @@ class PlanLookup:
     """A TrainJob's plan as the cache sees it; `state` says why there is none."""
 
     state: Literal[
-        "ok", "no-trainjob", "no-runtime", "no-scheduling", "unfrozen", "frozen-no-gang", "invalid"
+        "ok",
+        "no-trainjob",
+        "no-runtime",
+        "no-scheduling",
+        "unfrozen",
+        "frozen-no-gang",
+        "invalid",
+        "finished",
     ]
     """`unfrozen`: the runtime schedules but the reconciler has not frozen it into the TrainJob
     yet (its pods are held until it has); `frozen-no-gang`: the TrainJob started without a gang
-    and keeps none, whatever its runtime says now."""
+    and keeps none, whatever its runtime says now; `finished`: its gang was released (Complete or
+    Failed), and none is planned for it again."""
     plan: Plan | None = None
     detail: str = ""
     trainjob: TrainJob | None = None  # with a plan: what it was made from (feasibility reads it)
     runtime: CheckedRuntime | None = None
 
+
+FINISHED = PlanLookup("finished", detail="the TrainJob has finished: its gang is released")
 
 # Whether a backend's API group/version serves its kinds (discovery says).
 GangApi = Literal["unknown", "served", "not-served"]
@@ -60,7 +72,8 @@ class Cache:
     def __init__(self, connected: bool, backends: Backends | None = None) -> None:
         self.connected = connected
         self.backends = backends or default_backends()
-        self.trainjobs = Store("trainjobs")
+        # Each TrainJob as planning reads it; a finished one as a tombstone (`core/kept.py`).
+        self.trainjobs: Store = TrainJobStore("trainjobs")
         self.training_runtimes = Store("trainingruntimes")
         self.cluster_runtimes = Store("clustertrainingruntimes")
         # Not needed for readiness: admission checks a plan's classes only once it is listed.
@@ -187,6 +200,8 @@ class Cache:
                 return PlanLookup("no-scheduling", detail="the runtime has no spec.scheduling")
             detail = "its runtime is not frozen into the TrainJob yet (the reconciler does it)"
             return PlanLookup("unfrozen", detail=detail)
+        if finished(entry.raw) and self._frozen_gang(frozen):
+            return FINISHED  # a tombstone: no plan, none memoised
         if entry.memo_key is frozen:  # planned before against this very snapshot
             memo: PlanLookup = entry.memo
             return memo
@@ -212,6 +227,12 @@ class Cache:
         if plan is None:
             return PlanLookup("no-scheduling", detail="the runtime has no spec.scheduling")
         return PlanLookup("ok", plan, trainjob=trainjob, runtime=checked)
+
+    def _frozen_gang(self, text: str) -> bool:
+        """Whether a snapshot freezes a gang (it reads, and is not a frozen "no gang"): a
+        finished TrainJob's lookup says so only then, as before tombstones."""
+        read = self.snapshot_runtime(text)
+        return read is not None and read[1] is not None
 
     def snapshot_runtime(self, text: str) -> tuple[int, CheckedRuntime | None] | None:
         """A frozen runtime and its plan version, checked once per distinct snapshot (TrainJobs

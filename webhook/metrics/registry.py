@@ -45,6 +45,7 @@ HELD_REASONS = (
     "InvalidPlan",  # its frozen runtime does not plan
     "GangKindUnavailable",  # a tree its backend or the cluster cannot make
     "InvalidLabels",  # its restart-attempt label is not a count
+    "TrainJobFinished",  # its TrainJob has finished: its gang was released
     "Other",
 )
 # Why a pod of a TrainJob whose runtime schedules gangs was admitted with no schedulingGroup.
