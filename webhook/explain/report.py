@@ -25,7 +25,7 @@ from ..core import condition, feasibilityview, planview
 from ..core.feasibility import Fit, Gang, gangs_of, judge
 from ..core.feasibility import Nodes as NodeView
 from ..core.kueue import QUEUE_LABEL
-from ..core.lifecycle import MULTIKUEUE, is_finished
+from ..core.lifecycle import is_finished, runs_elsewhere
 from ..core.plan import group_for_labels
 from ..core.trainer import CLUSTER_RUNTIME_KIND
 from ..kube.feasibility import domains_by_node_labels
@@ -272,7 +272,7 @@ def _decide(found: Findings, report: Json, judged: list[tuple[Gang, Fit]]) -> tu
         if kueue is not None:
             return "suspended-by-kueue", f"suspended by Kueue: {_kueue_state(kueue, found)}"
         return "suspended", "suspended: spec.suspend is true (no Kueue queue label on it)"
-    if tj is not None and tj.spec.managed_by == MULTIKUEUE:
+    if tj is not None and runs_elsewhere(tj):
         return "multikueue", "dispatched by MultiKueue: its pods run on a worker cluster"
     if backend is None:
         return "no-gang", f"no gang: no gang backend serves the scheduler {plan.scheduler_name!r}"

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from ..backends.base import ClusterFacts, GangBackend, Kind
 from ..backends.registry import Backends, default_backends
 from ..core.fields import parse
+from ..core.lifecycle import MULTIKUEUE
 from ..core.memo import Memo
 from ..core.plan import Plan, PlanningError, build_plan
 from ..core.snapshot import Frozen, from_text, snapshot_of
@@ -34,11 +35,19 @@ class PlanLookup:
     """A TrainJob's plan as the cache sees it; `state` says why there is none."""
 
     state: Literal[
-        "ok", "no-trainjob", "no-runtime", "no-scheduling", "unfrozen", "frozen-no-gang", "invalid"
+        "ok",
+        "no-trainjob",
+        "no-runtime",
+        "no-scheduling",
+        "unfrozen",
+        "frozen-no-gang",
+        "elsewhere",
+        "invalid",
     ]
     """`unfrozen`: the runtime schedules but the reconciler has not frozen it into the TrainJob
     yet (its pods are held until it has); `frozen-no-gang`: the TrainJob started without a gang
-    and keeps none, whatever its runtime says now."""
+    and keeps none, whatever its runtime says now; `elsewhere`: MultiKueue runs it on a worker
+    cluster, so it has no gang (and is never frozen) here."""
     plan: Plan | None = None
     detail: str = ""
     trainjob: TrainJob | None = None  # with a plan: what it was made from (feasibility reads it)
@@ -177,6 +186,9 @@ class Cache:
         if entry is None:
             detail = f'no TrainJob "{namespace}/{name}" in the cache'
             return PlanLookup("no-trainjob", detail=detail)
+        if _runs_elsewhere(entry.raw):  # before the snapshot: one an old release froze is moot
+            detail = "the TrainJob runs on a MultiKueue worker cluster: no gang here"
+            return PlanLookup("elsewhere", detail=detail)
         frozen = snapshot_of(entry.raw)
         if frozen is None:
             kind, runtime_name = _runtime_ref(entry.raw)
@@ -246,6 +258,12 @@ def _checked_runtime(entry: Entry) -> CheckedRuntime:
         entry.memo = check_stored_runtime(parse(Runtime, entry.raw)[0] or Runtime())
     checked: CheckedRuntime = entry.memo
     return checked
+
+
+def _runs_elsewhere(raw: Mapping[str, Any]) -> bool:
+    """`core.lifecycle.runs_elsewhere` of the raw TrainJob (the pod path does not parse it)."""
+    spec = raw.get("spec")
+    return isinstance(spec, dict) and spec.get("managedBy") == MULTIKUEUE
 
 
 def _runtime_ref(raw: Mapping[str, Any]) -> tuple[str, str]:
