@@ -263,7 +263,9 @@ def _decide(found: Findings, report: Json, judged: list[tuple[Gang, Fit]]) -> tu
     if plan is None:
         why = found.runtime_note or found.plan_note or "its runtime has no spec.scheduling"
         return "no-gang", f"no gang: {why}"
-    never = next((fit for _, fit in judged if not fit.fits), None)
+    elsewhere = tj is not None and runs_elsewhere(tj)
+    # A dispatched TrainJob's gang is judged on the worker's nodes, not on these.
+    never = None if elsewhere else next((fit for _, fit in judged if not fit.fits), None)
     if never is not None:
         gang = next(g for g, f in judged if f is never)
         return "never-fits", f"can never fit as configured: {_message(report, gang.label)}"
@@ -272,7 +274,7 @@ def _decide(found: Findings, report: Json, judged: list[tuple[Gang, Fit]]) -> tu
         if kueue is not None:
             return "suspended-by-kueue", f"suspended by Kueue: {_kueue_state(kueue, found)}"
         return "suspended", "suspended: spec.suspend is true (no Kueue queue label on it)"
-    if tj is not None and runs_elsewhere(tj):
+    if elsewhere:
         return "multikueue", "dispatched by MultiKueue: its pods run on a worker cluster"
     if backend is None:
         return "no-gang", f"no gang: no gang backend serves the scheduler {plan.scheduler_name!r}"
