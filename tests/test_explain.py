@@ -232,6 +232,24 @@ async def test_can_never_fit_and_scheduled_and_finished() -> None:
 
 
 @pytest.mark.asyncio
+async def test_a_trainjob_multikueue_dispatched_is_explained_as_running_elsewhere() -> None:
+    """On the manager cluster: no snapshot (never frozen there), and its gang is not judged on
+    the manager's nodes, which it would never fit (it runs on a worker's)."""
+    async with emulator() as (k, url), api_client(url) as api:
+        w = World(k, url, api)
+        await w.nodes(CLUSTER)
+        await create(k, CLUSTER_RUNTIMES, zone_runtime())
+        job = trainjob(num_nodes=64, uid=None)
+        job["spec"]["managedBy"] = "kueue.x-k8s.io/multikueue"
+        w.job = await create(k, TRAINJOBS, job)
+        report = await w.explain()
+        assert report["verdict"] == {
+            "state": "multikueue",
+            "text": "dispatched by MultiKueue: its pods run on a worker cluster",
+        }
+
+
+@pytest.mark.asyncio
 async def test_suspended_by_kueue_with_its_workload_or_suspended_by_hand() -> None:
     async with emulator() as (k, url), api_client(url) as api:
         declare_kueue_resources(k)

@@ -375,6 +375,8 @@ def _tie(pod: dict[str, Any], labels: dict[str, Any], lookup: PlanLookup, cache:
             return Decision()  # not a ganged TrainJob
         if lookup.state == "frozen-no-gang":
             return Decision(note=f"not tied to a gang: {lookup.detail}", untied="FrozenNoGang")
+        if lookup.state == "elsewhere":  # Trainer makes no pods for it here: not its pod
+            return Decision(note=f"not tied to a gang: {lookup.detail}")
         return held(_HELD_FOR.get(lookup.state, "Other"), lookup.detail)
     attempt = attempt_of(labels)
     if attempt is None:

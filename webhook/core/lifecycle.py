@@ -18,6 +18,13 @@ def is_finished(trainjob: TrainJob) -> bool:
     return any(c.type in FINISHED_CONDITIONS and c.status == "True" for c in conditions or [])
 
 
+def runs_elsewhere(trainjob: TrainJob) -> bool:
+    """MultiKueue dispatches it to a worker cluster, where a copy of it runs: here it never has
+    a JobSet, pods or gang (Trainer makes `spec.managedBy` immutable), so nothing of it is
+    planned or frozen here. The copy has no `managedBy` and is frozen by the worker's service."""
+    return trainjob.spec.managed_by == MULTIKUEUE
+
+
 def wants_gang(trainjob: TrainJob) -> bool:
     """Whether the TrainJob's gang objects should exist (given a runtime with scheduling)."""
     return no_gang_reason(trainjob) is None
@@ -27,7 +34,7 @@ def no_gang_reason(trainjob: TrainJob) -> str | None:
     """Why the TrainJob has no gang now; None when it should have one."""
     if trainjob.spec.suspend is True:
         return "the TrainJob is suspended"
-    if trainjob.spec.managed_by == MULTIKUEUE:
+    if runs_elsewhere(trainjob):
         return "the TrainJob runs on a MultiKueue worker cluster"
     if is_finished(trainjob):
         return "the TrainJob has finished"

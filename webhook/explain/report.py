@@ -25,7 +25,7 @@ from ..core import condition, feasibilityview, planview
 from ..core.feasibility import Fit, Gang, gangs_of, judge
 from ..core.feasibility import Nodes as NodeView
 from ..core.kueue import QUEUE_LABEL
-from ..core.lifecycle import MULTIKUEUE, is_finished
+from ..core.lifecycle import is_finished, runs_elsewhere
 from ..core.plan import group_for_labels
 from ..core.trainer import CLUSTER_RUNTIME_KIND
 from ..kube.feasibility import domains_by_node_labels
@@ -263,7 +263,9 @@ def _decide(found: Findings, report: Json, judged: list[tuple[Gang, Fit]]) -> tu
     if plan is None:
         why = found.runtime_note or found.plan_note or "its runtime has no spec.scheduling"
         return "no-gang", f"no gang: {why}"
-    never = next((fit for _, fit in judged if not fit.fits), None)
+    elsewhere = tj is not None and runs_elsewhere(tj)
+    # A dispatched TrainJob's gang is judged on the worker's nodes, not on these.
+    never = None if elsewhere else next((fit for _, fit in judged if not fit.fits), None)
     if never is not None:
         gang = next(g for g, f in judged if f is never)
         return "never-fits", f"can never fit as configured: {_message(report, gang.label)}"
@@ -272,7 +274,7 @@ def _decide(found: Findings, report: Json, judged: list[tuple[Gang, Fit]]) -> tu
         if kueue is not None:
             return "suspended-by-kueue", f"suspended by Kueue: {_kueue_state(kueue, found)}"
         return "suspended", "suspended: spec.suspend is true (no Kueue queue label on it)"
-    if tj is not None and tj.spec.managed_by == MULTIKUEUE:
+    if elsewhere:
         return "multikueue", "dispatched by MultiKueue: its pods run on a worker cluster"
     if backend is None:
         return "no-gang", f"no gang: no gang backend serves the scheduler {plan.scheduler_name!r}"

@@ -15,6 +15,7 @@ from ..backends.base import ClusterFacts, GangBackend, Kind
 from ..backends.registry import Backends, default_backends
 from ..core.fields import parse
 from ..core.kept import finished
+from ..core.lifecycle import MULTIKUEUE
 from ..core.memo import Memo
 from ..core.plan import Plan, PlanningError, build_plan
 from ..core.snapshot import Frozen, from_text, snapshot_of
@@ -42,13 +43,15 @@ class PlanLookup:
         "no-scheduling",
         "unfrozen",
         "frozen-no-gang",
+        "elsewhere",
         "invalid",
         "finished",
     ]
     """`unfrozen`: the runtime schedules but the reconciler has not frozen it into the TrainJob
     yet (its pods are held until it has); `frozen-no-gang`: the TrainJob started without a gang
-    and keeps none, whatever its runtime says now; `finished`: its gang was released (Complete or
-    Failed), and none is planned for it again."""
+    and keeps none, whatever its runtime says now; `elsewhere`: MultiKueue runs it on a worker
+    cluster, so it has no gang (and is never frozen) here; `finished`: its gang was released
+    (Complete or Failed), and none is planned for it again."""
     plan: Plan | None = None
     detail: str = ""
     trainjob: TrainJob | None = None  # with a plan: what it was made from (feasibility reads it)
@@ -190,6 +193,9 @@ class Cache:
         if entry is None:
             detail = f'no TrainJob "{namespace}/{name}" in the cache'
             return PlanLookup("no-trainjob", detail=detail)
+        if _runs_elsewhere(entry.raw):  # before the snapshot: one an old release froze is moot
+            detail = "the TrainJob runs on a MultiKueue worker cluster: no gang here"
+            return PlanLookup("elsewhere", detail=detail)
         frozen = snapshot_of(entry.raw)
         if frozen is None:
             kind, runtime_name = _runtime_ref(entry.raw)
@@ -267,6 +273,12 @@ def _checked_runtime(entry: Entry) -> CheckedRuntime:
         entry.memo = check_stored_runtime(parse(Runtime, entry.raw)[0] or Runtime())
     checked: CheckedRuntime = entry.memo
     return checked
+
+
+def _runs_elsewhere(raw: Mapping[str, Any]) -> bool:
+    """`core.lifecycle.runs_elsewhere` of the raw TrainJob (the pod path does not parse it)."""
+    spec = raw.get("spec")
+    return isinstance(spec, dict) and spec.get("managedBy") == MULTIKUEUE
 
 
 def _runtime_ref(raw: Mapping[str, Any]) -> tuple[str, str]:

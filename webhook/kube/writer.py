@@ -178,6 +178,14 @@ class ApiWriter:
         """Writes the runtime snapshot annotation on a TrainJob with a merge patch (other
         annotations stay). The uid in the patch keeps it off a TrainJob recreated under the same
         name: the API server refuses to change a uid (422 Invalid; 404 if the name is gone)."""
+        await self._patch_snapshot(namespace, name, uid, value)
+
+    async def remove_snapshot(self, namespace: str, name: str, uid: str) -> None:
+        """Removes the runtime snapshot annotation (a merge patch setting it to null), under the
+        same uid guard: from a TrainJob that must have none (one MultiKueue dispatches)."""
+        await self._patch_snapshot(namespace, name, uid, None)
+
+    async def _patch_snapshot(self, namespace: str, name: str, uid: str, value: str | None) -> None:
         r = TRAINJOBS
         body = {"metadata": {"uid": uid, "annotations": {SNAPSHOT_ANNOTATION: value}}}
         # The answer (the whole TrainJob, snapshot and all) is read but not decoded: nothing

@@ -26,7 +26,7 @@ from kubernetes.aio.client.exceptions import ApiException
 
 from ..backends.base import Context, Drift, GangBackend, Kind, expresses, is_managed
 from ..core.fields import parse
-from ..core.lifecycle import is_finished, no_gang_reason
+from ..core.lifecycle import is_finished, no_gang_reason, runs_elsewhere
 from ..core.ownership import controlled_by, controller_ref, is_trainjob_ref
 from ..core.plan import Plan, PlanningError, build_plan
 from ..core.snapshot import snapshot, snapshot_of
@@ -239,6 +239,8 @@ class Reconciler:
             note = "the TrainJob is being deleted: no gang objects are made for it"
             _blocked(changes, self.events, raw, "TrainJobDeleting", note)
             return DONE
+        if runs_elsewhere(trainjob):
+            return await self._elsewhere(key, raw, trainjob, changes)
         frozen = self._frozen(key, raw, trainjob.metadata.uid)
         read = self.cache.snapshot_runtime(frozen) if frozen is not None else None
         no_gang = no_gang_reason(trainjob)
@@ -294,6 +296,30 @@ class Reconciler:
             return DONE
         changes.outcome = Outcome(plan=plan, backend=backend, trainjob=trainjob, runtime=runtime)
         return await self._converge(raw, plan, backend, changes)
+
+    async def _elsewhere(
+        self, key: Key, raw: JsonObject, trainjob: TrainJob, changes: Changes
+    ) -> Result:
+        """A TrainJob MultiKueue dispatches: no snapshot and no gang here. Kueue copies its
+        annotations onto the worker cluster's copy, and a worker running this service denies a
+        CREATE that carries a snapshot from anyone but itself: a snapshot here would stop the
+        dispatch. One an earlier release froze is removed (the uid in the patch keeps it off a
+        TrainJob recreated under the name)."""
+        changes.outcome = Outcome(lifecycle_of(trainjob))  # says nothing: the worker's copy does
+        assert trainjob.metadata.uid is not None
+        if snapshot_of(raw) is not None:
+            try:
+                await self.writer.remove_snapshot(*key, trainjob.metadata.uid)
+            except ApiException as err:
+                if err.status in (404, 409, 422):  # gone, or another TrainJob now has the name
+                    return WAIT
+                raise
+            log.info(
+                "runtime snapshot removed from a TrainJob MultiKueue dispatches",
+                extra={"fields": {"trainjob": "/".join(key)}},
+            )
+        why = "the TrainJob runs on a MultiKueue worker cluster"
+        return await self._remove_all(raw, why, False, changes)
 
     def _backend(
         self, key: Key, raw: JsonObject, plan: Plan, changes: Changes

@@ -30,7 +30,7 @@ from kubernetes.aio.client.exceptions import ApiException
 from ..backends.base import Context, GangBackend, GangStatus
 from ..backends.native import POD_GROUP
 from ..core import condition as cond
-from ..core.lifecycle import MULTIKUEUE, is_finished
+from ..core.lifecycle import is_finished, runs_elsewhere
 from ..core.plan import GroupPlan, Plan
 from ..core.trainer import TrainJob
 from ..core.validation import CheckedRuntime
@@ -81,7 +81,7 @@ class Outcome:
 
 
 def lifecycle_of(trainjob: TrainJob) -> cond.Lifecycle:
-    if trainjob.spec.managed_by == MULTIKUEUE:
+    if runs_elsewhere(trainjob):
         return "elsewhere"
     if is_finished(trainjob):
         return "finished"
