@@ -12,37 +12,38 @@ through as the service's own), while an ordinary TrainJob beside it gets its sna
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import ssl
-from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
 import kmock
-import orjson
 import pytest
 
 from webhook.core.lifecycle import MULTIKUEUE
 from webhook.core.snapshot import snapshot_of
 
-from .harness import fixture, running_server
-from .kube_emulator import CLUSTER_RUNTIMES, POD_GROUPS, TRAINJOBS, WORKLOADS, create, eventually
+from .harness import fixture
+from .kube_emulator import POD_GROUPS, TRAINJOBS, WORKLOADS, create, eventually
 from .test_reconciler import (
     NAME,
     NS,
     UPDATE,
     World,
-    cluster_runtime,
     converged,
     objects,
     quiet,
     stored,
     trainjob,
-    world,
 )
-from .test_snapshot_guard import PATH, SELF, TENANT, annotated, real_snapshot, review_of
+from .test_snapshot_guard import (
+    PATH,
+    SELF,
+    TENANT,
+    annotated,
+    guarded_world,
+    real_snapshot,
+    review_of,
+)
 
 pytestmark = pytest.mark.asyncio
 
@@ -90,37 +91,6 @@ def snapshot_patches(w: World, name: str) -> int:
     return len(w.k[UPDATE, TRAINJOBS, kmock.name(name)])
 
 
-@contextlib.asynccontextmanager
-async def manager(tmp_path: Path) -> AsyncIterator[tuple[World, Callable[..., Any]]]:
-    """The manager cluster: the emulator, the reconciler (as the service's identity), the
-    runtime in the cache, and the webhooks over HTTPS answering from that cache: `send(path,
-    review)` gives the AdmissionReview's response."""
-    async with world() as w:
-        w.cache.service_username = SELF
-        await create(w.k, CLUSTER_RUNTIMES, cluster_runtime())
-        await eventually(
-            lambda: (
-                w.cache.synced
-                and w.cache.runtime("ClusterTrainingRuntime", "", "torch-distributed")
-            ),
-            "the runtime in the cache",
-        )  # (before the server: its start waits for readiness without yielding to the loop)
-        with running_server(w.cache, tmp_path / "certs") as srv:
-            verify = ssl.create_default_context(cafile=str(srv.ca_file))
-            async with httpx.AsyncClient(base_url=srv.url, verify=verify, timeout=10) as c:
-
-                async def send(path: str, review: dict[str, Any]) -> dict[str, Any]:
-                    body = orjson.dumps(review)
-                    r = await c.post(
-                        path, content=body, headers={"content-type": "application/json"}
-                    )
-                    assert r.status_code == 200, r.text
-                    response: dict[str, Any] = r.json()["response"]
-                    return response
-
-                yield w, send
-
-
 def pod_review(trainjob_name: str) -> dict[str, Any]:
     """The Job controller's CREATE of a pod of `trainjob_name`'s JobSet."""
     doc = copy.deepcopy(fixture("pod-create-by-job-controller.mutate.json"))
@@ -152,7 +122,7 @@ def gang_objects_of(w: World, name: str) -> list[dict[str, Any]]:
 async def test_a_dispatched_trainjob_gets_no_snapshot_and_its_worker_copy_is_admitted(
     tmp_path: Path,
 ) -> None:
-    async with manager(tmp_path) as (w, send):
+    async with guarded_world(tmp_path) as (w, send):
         await create(w.k, TRAINJOBS, dispatched())
         await create(w.k, TRAINJOBS, trainjob())
         # The ordinary TrainJob beside it is frozen and gets its gang, as always.
@@ -184,7 +154,7 @@ async def test_a_dispatched_trainjob_gets_no_snapshot_and_its_worker_copy_is_adm
 async def test_a_snapshot_an_earlier_release_froze_is_removed_by_the_service(
     tmp_path: Path,
 ) -> None:
-    async with manager(tmp_path) as (w, send):
+    async with guarded_world(tmp_path) as (w, send):
         stale = dispatched(real_snapshot())  # as 0.1.0 froze it (the emulator has no webhook)
         # What goes wrong without the removal: its copy carries the snapshot, and the worker's
         # guard denies MultiKueue's CREATE.

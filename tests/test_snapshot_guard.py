@@ -10,10 +10,11 @@ reached the store unchecked (no webhook) would have been built as written.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import ssl
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,17 @@ from webhook.server.run import own_username
 
 from .harness import RunningServer, fixture, fixture_cache, running_server
 from .kube_emulator import CLUSTER_RUNTIMES, TRAINJOBS, WORKLOADS, create, eventually, patch
-from .test_reconciler import NS, cluster_runtime, converged, objects, quiet, stored, trainjob, world
+from .test_reconciler import (
+    NS,
+    World,
+    cluster_runtime,
+    converged,
+    objects,
+    quiet,
+    stored,
+    trainjob,
+    world,
+)
 
 SELF = "system:serviceaccount:trainjob-scheduling-system:trainjob-scheduling-webhook"
 TENANT = "system:serviceaccount:team-a:data-scientist"  # the hidden check's `edit` tenant
@@ -192,14 +203,11 @@ def test_the_identity_comes_from_the_flag_else_the_pods_token(tmp_path: Path) ->
     assert own_username("", token) == ""
 
 
-# --- the chain: the gang built is the runtime's -------------------------------------------------
-
-
-@pytest.mark.asyncio
-async def test_the_gang_built_is_the_runtimes_not_a_tenants(tmp_path: Path) -> None:
-    """The webhook stands where the API server's admission would: a tenant's write reaches the
-    store only if it allows it. Without that gate the reconciler builds what a stored snapshot
-    says (the last TrainJob here), which is why the gate is needed."""
+@contextlib.asynccontextmanager
+async def guarded_world(tmp_path: Path) -> AsyncIterator[tuple[World, Callable[..., Any]]]:
+    """The emulator, the reconciler (as the service's identity), the runtime in the cache, and
+    the webhooks over HTTPS answering from that cache: `send(path, review)` gives the
+    AdmissionReview's response."""
     async with world() as w:
         w.cache.service_username = SELF
         await create(w.k, CLUSTER_RUNTIMES, cluster_runtime())
@@ -214,57 +222,73 @@ async def test_the_gang_built_is_the_runtimes_not_a_tenants(tmp_path: Path) -> N
             verify = ssl.create_default_context(cafile=str(srv.ca_file))
             async with httpx.AsyncClient(base_url=srv.url, verify=verify, timeout=10) as c:
 
-                async def admitted(review: dict[str, Any]) -> dict[str, Any]:
+                async def send(path: str, review: dict[str, Any]) -> dict[str, Any]:
                     body = orjson.dumps(review)
                     r = await c.post(
-                        PATH, content=body, headers={"content-type": "application/json"}
+                        path, content=body, headers={"content-type": "application/json"}
                     )
+                    assert r.status_code == 200, r.text
                     response: dict[str, Any] = r.json()["response"]
                     return response
 
-                # The tenant's CREATE with a forged snapshot never reaches the store.
-                forged = annotated(trainjob(), forged_snapshot())
-                assert_forbidden(await admitted(review_of("CREATE", forged)), "set")
-                # Its CREATE without one does; the reconciler freezes the runtime and builds it.
-                plain = trainjob()
-                assert (await admitted(review_of("CREATE", plain)))["allowed"] is True
-                await create(w.k, TRAINJOBS, plain)
-                wl, pg = await converged(w.k)
-                template = wl["spec"]["podGroupTemplates"][0]
-                zone = {"topology": [{"key": "topology.kubernetes.io/zone"}]}
-                assert template["schedulingConstraints"] == zone
-                assert pg["spec"]["schedulingPolicy"]["gang"]["minCount"] == 100
-                tj = stored(w.k, TRAINJOBS, "my-job")
-                assert tj is not None and SNAPSHOT_ANNOTATION in tj["metadata"]["annotations"]
-                # The reconciler's write, replayed as the API server would have sent it: passes
-                # as the service, is denied as the tenant.
-                bare = annotated(tj, None)
-                assert (await admitted(review_of("UPDATE", tj, bare, SELF)))["allowed"] is True
-                assert_forbidden(await admitted(review_of("UPDATE", tj, bare)), "set")
-                # The tenant's edit of the frozen snapshot is denied: nothing changes.
-                writes = await quiet(w.k)
-                edited = annotated(tj, forged_snapshot())
-                assert_forbidden(await admitted(review_of("UPDATE", edited, tj)), "change")
-                assert_forbidden(await admitted(review_of("UPDATE", bare, tj)), "remove")
-                assert await quiet(w.k) == writes
-                again = stored(w.k, WORKLOADS, wl["metadata"]["name"])
-                assert again is not None
-                assert again["spec"]["podGroupTemplates"][0]["schedulingConstraints"] == zone
+                yield w, send
 
-                # What the gate prevents: a forged snapshot in the store (as without the
-                # webhook) is what the reconciler builds from.
-                await create(w.k, TRAINJOBS, annotated(trainjob("unguarded"), forged_snapshot()))
-                unguarded = await eventually(
-                    lambda: [
-                        x
-                        for x in objects(w.k, WORKLOADS)
-                        if x["metadata"]["name"].startswith("unguarded")
-                    ],
-                    "the unguarded TrainJob's Workload",
-                )
-                assert "schedulingConstraints" not in unguarded[0]["spec"]["podGroupTemplates"][0]
-                # (a suspend flip by the tenant still passes, and keeps the runtime's gang)
-                suspended = copy.deepcopy(tj)
-                suspended["spec"]["suspend"] = True
-                assert (await admitted(review_of("UPDATE", suspended, tj)))["allowed"] is True
-                await patch(w.k, TRAINJOBS, NS, "my-job", {"spec": {"suspend": False}})
+
+# --- the chain: the gang built is the runtime's -------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_the_gang_built_is_the_runtimes_not_a_tenants(tmp_path: Path) -> None:
+    """The webhook stands where the API server's admission would: a tenant's write reaches the
+    store only if it allows it. Without that gate the reconciler builds what a stored snapshot
+    says (the last TrainJob here), which is why the gate is needed."""
+    async with guarded_world(tmp_path) as (w, send):
+
+        async def admitted(review: dict[str, Any]) -> dict[str, Any]:
+            response: dict[str, Any] = await send(PATH, review)
+            return response
+
+        # The tenant's CREATE with a forged snapshot never reaches the store.
+        forged = annotated(trainjob(), forged_snapshot())
+        assert_forbidden(await admitted(review_of("CREATE", forged)), "set")
+        # Its CREATE without one does; the reconciler freezes the runtime and builds it.
+        plain = trainjob()
+        assert (await admitted(review_of("CREATE", plain)))["allowed"] is True
+        await create(w.k, TRAINJOBS, plain)
+        wl, pg = await converged(w.k)
+        template = wl["spec"]["podGroupTemplates"][0]
+        zone = {"topology": [{"key": "topology.kubernetes.io/zone"}]}
+        assert template["schedulingConstraints"] == zone
+        assert pg["spec"]["schedulingPolicy"]["gang"]["minCount"] == 100
+        tj = stored(w.k, TRAINJOBS, "my-job")
+        assert tj is not None and SNAPSHOT_ANNOTATION in tj["metadata"]["annotations"]
+        # The reconciler's write, replayed as the API server would have sent it: passes
+        # as the service, is denied as the tenant.
+        bare = annotated(tj, None)
+        assert (await admitted(review_of("UPDATE", tj, bare, SELF)))["allowed"] is True
+        assert_forbidden(await admitted(review_of("UPDATE", tj, bare)), "set")
+        # The tenant's edit of the frozen snapshot is denied: nothing changes.
+        writes = await quiet(w.k)
+        edited = annotated(tj, forged_snapshot())
+        assert_forbidden(await admitted(review_of("UPDATE", edited, tj)), "change")
+        assert_forbidden(await admitted(review_of("UPDATE", bare, tj)), "remove")
+        assert await quiet(w.k) == writes
+        again = stored(w.k, WORKLOADS, wl["metadata"]["name"])
+        assert again is not None
+        assert again["spec"]["podGroupTemplates"][0]["schedulingConstraints"] == zone
+
+        # What the gate prevents: a forged snapshot in the store (as without the
+        # webhook) is what the reconciler builds from.
+        await create(w.k, TRAINJOBS, annotated(trainjob("unguarded"), forged_snapshot()))
+        unguarded = await eventually(
+            lambda: [
+                x for x in objects(w.k, WORKLOADS) if x["metadata"]["name"].startswith("unguarded")
+            ],
+            "the unguarded TrainJob's Workload",
+        )
+        assert "schedulingConstraints" not in unguarded[0]["spec"]["podGroupTemplates"][0]
+        # (a suspend flip by the tenant still passes, and keeps the runtime's gang)
+        suspended = copy.deepcopy(tj)
+        suspended["spec"]["suspend"] = True
+        assert (await admitted(review_of("UPDATE", suspended, tj)))["allowed"] is True
+        await patch(w.k, TRAINJOBS, NS, "my-job", {"spec": {"suspend": False}})
