@@ -215,8 +215,8 @@ class BackendApiWatch:
         report = log.error if backend.name == "native" else log.info
         report(
             f"{version} {kinds} are not served ({hint}): {backend.name} gang scheduling is "
-            "unavailable; TrainJobs whose pods name its scheduler get no gang objects and "
-            "their pods are not tied to one"
+            "unavailable; TrainJobs whose pods name its scheduler get no gang objects, and "
+            "their pods are held until it is served"
         )
 
     async def _stop(self, kind: Kind) -> None:
