@@ -750,6 +750,10 @@ class VersionedEmulator(KubernetesEmulator):
         meta: Json = {"resourceVersion": str(rv)}
         if token:
             meta.update({"continue": token, "remainingItemCount": remaining})
+        if _built_in(resource):  # as from a real server, their items come without the two
+            for item in items:
+                item.pop("apiVersion", None)
+                item.pop("kind", None)
         return {
             "apiVersion": f"{resource.group}/{resource.version}".lstrip("/"),
             "kind": f"{kind or 'Object'}List",
@@ -1482,6 +1486,15 @@ def _unmanaged(obj: Json) -> Json:
 
 
 # --- custom resources: what their CRD says ------------------------------------------------------
+
+
+def _built_in(resource: kmock.resource) -> bool:
+    """Whether Kubernetes itself serves the kind (the core group and `*.k8s.io`, which custom
+    resources may not take without an API review), not a CustomResourceDefinition: a real
+    server's list of a built-in kind leaves `apiVersion` and `kind` off its items
+    (kubernetes/kubernetes#3030), while a custom resource's items keep theirs."""
+    group = resource.group or ""
+    return group == "" or group.endswith(".k8s.io")
 
 
 @functools.cache

@@ -37,6 +37,7 @@ from tests.kube_emulator import (
     declare_scheduling_resources,
     emulator,
     eventually,
+    patch,
 )
 from tests.test_admission import MY_JOB_GROUP, patch_of, send
 from tests.test_informer import serving
@@ -184,6 +185,31 @@ def test_status_reads_the_condition_of_the_objects_version() -> None:
         }
         status = backend.status(kind, obj)
         assert status is not None and status.scheduled is scheduled, (version, name)
+
+
+@pytest.mark.asyncio
+async def test_on_1_36_a_gang_scheduled_before_a_replica_starts_is_read_as_scheduled() -> None:
+    """A replica that starts (or relists) reads the PodGroups from a list, whose items a real
+    server sends without `apiVersion` (the emulator too, for built-in kinds): the 1.36 condition
+    is still the one read, not 1.37's."""
+    async with emulator(scheduling_version=V1ALPHA2) as (k, url):
+        async with replica(url):
+            await gang_objects(k, V1ALPHA2)
+        pod_groups = SCHEDULING_RESOURCES[V1ALPHA2][1]
+        await patch(
+            k,
+            pod_groups,
+            NS,
+            gang(k),
+            {"status": {"conditions": [{"type": "PodGroupScheduled", "status": "True"}]}},
+        )
+        async with replica(url) as (cache, native):
+            pod_group_kind = native.kinds[-1]
+            store = cache.store(pod_group_kind)
+            entry = await eventually(lambda: store.get(NS, gang(k)), "the listed PodGroup")
+            assert entry.raw["apiVersion"] == "scheduling.k8s.io/v1alpha2"
+            status = native.status(pod_group_kind, entry.raw)
+            assert status is not None and status.scheduled is True
 
 
 @pytest.mark.asyncio

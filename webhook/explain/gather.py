@@ -141,7 +141,7 @@ async def _list(
         if token:
             query.append(("continue", token))
         page = await rest.get_json(api, path, query)
-        items += [keep(i) for i in page.get("items") or [] if isinstance(i, dict)]
+        items += [keep(i) for i in rest.items_of(page)]
         meta = page.get("metadata")
         token = meta.get("continue") if isinstance(meta, dict) else None
         if not token or len(items) >= most:

@@ -148,8 +148,7 @@ class Informer:
             if token:
                 query.append(("continue", token))
             listing = await rest.get_json(self.api, self._path(), query, timeout=60)
-            page = listing.get("items") or []
-            items += [self.store.trim(item) for item in page if isinstance(item, dict)]
+            items += [self.store.trim(item) for item in rest.items_of(listing)]
             meta = listing.get("metadata")
             token = meta.get("continue") if isinstance(meta, dict) and self.page_size else None
             if not token:

@@ -78,3 +78,23 @@ async def get_json(
     api: ApiClient, path: str, query: list[tuple[str, Any]] | None = None, timeout: float = 10.0
 ) -> Json:
     return await json_of(await request(api, "GET", path, query=query, timeout=timeout))
+
+
+def items_of(listing: Json) -> list[Json]:
+    """A list's items, each with its `apiVersion` and `kind`. A real API server leaves them off
+    the items of a built-in kind's list (kubernetes/kubernetes#3030; a custom resource's items
+    carry them), and readers tell a version's shapes by `apiVersion` (1.36's PodGroup condition
+    is not 1.37's), as a watch event's object carries it."""
+    items = listing.get("items")
+    version, kind = listing.get("apiVersion"), listing.get("kind")
+    item_kind = kind.removesuffix("List") if isinstance(kind, str) else None
+    out: list[Json] = []
+    for item in items if isinstance(items, list) else ():
+        if not isinstance(item, dict):
+            continue
+        if "apiVersion" not in item and isinstance(version, str):
+            item["apiVersion"] = version
+        if "kind" not in item and item_kind:
+            item["kind"] = item_kind
+        out.append(item)
+    return out
