@@ -28,7 +28,7 @@ from webhook.core.plan import PlanningError, build_plan
 from webhook.core.snapshot import SNAPSHOT_ANNOTATION, from_text, snapshot_of
 from webhook.core.trainer import Runtime, TrainJob
 from webhook.core.validation import check_stored_runtime, check_trainjob
-from webhook.kube.cache import Cache
+from webhook.kube.cache import FINISHED, Cache
 from webhook.kube.events import EventRecorder
 from webhook.kube.store import LAST_APPLIED, Store, without_bookkeeping
 from webhook.kube.trainjobstore import TrainJobStore
@@ -296,11 +296,37 @@ def test_the_cache_plans_a_kept_trainjob_as_a_whole_one_and_a_finished_one_not_a
     assert entry is not None
     if finished(whole) and before.state in ("ok", "invalid"):
         assert after.state == "finished" and after.plan is None
-        assert entry.memo is None  # no plan memoised for a tombstone
+        assert entry.memo is FINISHED  # no plan memoised for a tombstone, only the verdict
     else:
         assert (after.state, after.plan, after.detail) == (before.state, before.plan, before.detail)
     for cache in (WHOLE, KEPT):
         cache.trainjobs.apply("DELETED", whole)
+
+
+def test_finished_trainjobs_are_judged_once_not_per_lookup(monkeypatch: pytest.MonkeyPatch) -> None:
+    """More finished TrainJobs of distinct snapshots than the cache keeps parsed snapshots of:
+    a second round of lookups (a feasibility scrape, the pod webhook) parses none again."""
+    cache = caches()[1]
+    done = frozen(cache, as_stored(fixture("trainjob-create.validate.json")["request"]["object"]))
+    done["status"]["conditions"].append(_condition("Complete"))
+    text = done["metadata"]["annotations"][SNAPSHOT_ANNOTATION]
+    names = [f"done-{i}" for i in range(1100)]
+    for i, name in enumerate(names):
+        raw = copy.deepcopy(done)
+        raw["metadata"]["name"] = name
+        raw["metadata"]["annotations"][SNAPSHOT_ANNOTATION] = text + " " * i  # distinct texts
+        cache.trainjobs.apply("ADDED", raw)
+    namespace = done["metadata"]["namespace"]
+    assert {cache.plan_for(namespace, n).state for n in names} == {"finished"}
+    parses: list[str] = []
+
+    def counted(text: str) -> Any:
+        parses.append(text)
+        return from_text(text)
+
+    monkeypatch.setattr("webhook.kube.cache.from_text", counted)
+    assert {cache.plan_for(namespace, n).state for n in names} == {"finished"}
+    assert parses == []
 
 
 def test_a_shape_the_parser_refuses_is_kept_as_it_is() -> None:

@@ -206,12 +206,13 @@ class Cache:
                 return PlanLookup("no-scheduling", detail="the runtime has no spec.scheduling")
             detail = "its runtime is not frozen into the TrainJob yet (the reconciler does it)"
             return PlanLookup("unfrozen", detail=detail)
-        if finished(entry.raw) and self._frozen_gang(frozen):
-            return FINISHED  # a tombstone: no plan, none memoised
-        if entry.memo_key is frozen:  # planned before against this very snapshot
+        if entry.memo_key is frozen:  # looked up before against this very snapshot
             memo: PlanLookup = entry.memo
             return memo
-        lookup = self._plan_frozen(namespace, name, entry.raw, frozen)
+        if finished(entry.raw) and self._frozen_gang(frozen):
+            lookup = FINISHED  # a tombstone: no plan, only the shared verdict kept
+        else:
+            lookup = self._plan_frozen(namespace, name, entry.raw, frozen)
         entry.memo, entry.memo_key = lookup, frozen
         return lookup
 
