@@ -1040,6 +1040,20 @@ def test_trainjob_update_is_not_blocked_by_its_runtime() -> None:
     assert err.type is ErrorType.FORBIDDEN
 
 
+def test_trainjob_update_is_denied_only_for_errors_it_did_not_have() -> None:
+    """Ratcheted: a TrainJob that is wrong under its runtime as the runtime is now (edited since,
+    or admitted while the service was away) still takes a label edit or the service's own write;
+    an update that brings a new error is denied."""
+    rt = parsed_runtime(runtime(rj("init"), torch_node(), scheduling={}))
+    stored = trainjob(num_nodes=2**31 - 1)
+    assert validate_trainjob(stored, rt).errors != ()
+    labelled = trainjob(num_nodes=2**31 - 1)
+    labelled["metadata"]["labels"] = {"team": "vision"}
+    assert validate_trainjob(labelled, rt, stored).errors == ()
+    (err,) = validate_trainjob(stored, rt, trainjob(num_nodes=2)).errors
+    assert err.path == "spec.trainer.numNodes"
+
+
 def test_template_cap_message_fits_the_level() -> None:
     split = runtime(
         rj("init"),

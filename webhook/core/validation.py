@@ -310,7 +310,8 @@ def check_trainjob(
     """`validate_trainjob` on parsed objects.
 
     On update the runtime is not judged again: it may have been deleted or edited since the
-    TrainJob was created, and that must not block suspend/resume or metadata changes.
+    TrainJob was created, and that must not block suspend/resume or metadata changes. For the
+    same reason an update is denied only for errors the stored TrainJob did not have.
     """
     found: list[FieldError] = []
     npath = Path("spec", "trainer", "numNodes")
@@ -347,6 +348,21 @@ def check_trainjob(
         detail = f"the {checked.runtime.kind} is invalid ({verdict.errors[0]}); fix the runtime"
         return Verdict((fe.invalid(ref, trainjob.spec.runtime_ref.name, detail),))
 
+    errors = _spec_errors(trainjob, checked.runtime, layout)
+    if old is not None:
+        # Ratcheted, as Kubernetes ratchets a CRD's validation: an update is denied only for
+        # an error the stored TrainJob did not have. A runtime edited since (or a TrainJob
+        # admitted while the service was away) must not block a label edit, the service's own
+        # writes or Kueue's suspend: such a denial would hold them for ever.
+        had = {(e.path, e.type) for e in _spec_errors(old, checked.runtime, layout)}
+        errors = [e for e in errors if (e.path, e.type) not in had]
+    found += errors
+    return Verdict(tuple(found), verdict.warnings)
+
+
+def _spec_errors(trainjob: TrainJob, runtime: Runtime, layout: Layout) -> list[FieldError]:
+    """What is wrong with a TrainJob under a valid runtime with spec.scheduling."""
+    found: list[FieldError] = []
     name = trainjob.metadata.name
     if not name or not _RFC1035.match(name):
         found.append(
@@ -357,10 +373,10 @@ def check_trainjob(
                 "PodGroup names derive from it",
             )
         )
-    found += _num_nodes_errors(trainjob, checked.runtime, layout)
-    found += _scheduler_errors(trainjob, checked.runtime, layout)
+    found += _num_nodes_errors(trainjob, runtime, layout)
+    found += _scheduler_errors(trainjob, runtime, layout)
     found += _resources_per_node_errors(trainjob)
-    return Verdict(tuple(found), verdict.warnings)
+    return found
 
 
 def _resources_per_node_errors(trainjob: TrainJob) -> list[FieldError]:
