@@ -396,7 +396,7 @@ def test_a_pod_naming_another_scheduler_than_its_gangs_is_not_tied(tmp_path: Pat
         cache.apis["native"] = "not-served"
         unserved = client.post(POD_PATH, content=orjson.dumps(pod_review())).json()
         assert held_because(unserved["response"]).startswith(
-            "the gang API scheduling.k8s.io/v1beta1 is not served"
+            "the gang API scheduling.k8s.io/v1beta1 or v1alpha2 is not served"
         )
 
 

@@ -296,7 +296,7 @@ async def test_what_cannot_be_read_becomes_a_note() -> None:
         assert (await w.explain())["verdict"] == {
             "state": "no-gang",
             "text": "no gang: native gang scheduling is unavailable (scheduling.k8s.io/v1beta1 "
-            "is not served): its pods are scheduled one by one",
+            "or v1alpha2 is not served): its pods are held until it is",
         }
         # A runtime that does not exist: no plan, said in the verdict.
         await patch(k, TRAINJOBS, NS, "my-job", {"spec": {"runtimeRef": {"name": "gone"}}})

@@ -657,7 +657,7 @@ async def test_without_the_scheduling_api_nothing_is_made_and_the_webhooks_stay_
         # through loose; the runtime is frozen, so the gang is made once the API is served.
         held = answer["response"]
         assert held["allowed"] is False and held["status"]["code"] == 403, held
-        assert "scheduling.k8s.io/v1beta1 is not served" in held["status"]["message"]
+        assert "scheduling.k8s.io/v1beta1 or v1alpha2 is not served" in held["status"]["message"]
         await eventually(lambda: tj_annotated(k), "the runtime frozen")
         for resource in (WORKLOADS, POD_GROUPS):
             assert len(k[CREATE, resource]) == 0, resource

@@ -17,6 +17,7 @@ from ..backends.base import (
     Defaulting,
     GangBackend,
     Kind,
+    api_versions,
     composite_kind,
     expresses,
     is_managed,
@@ -260,7 +261,7 @@ def _gang_verdict(
         )
         return Decision(warnings=warnings)
     if cache.api(backend) == "not-served":
-        version = backend.kinds[0].group_version
+        version = api_versions(backend)
         warnings.append(
             f"{backend.name} gang scheduling is unavailable ({version} is not served): the "
             "TrainJob's pods are held until it is"
@@ -391,7 +392,7 @@ def _tie(pod: dict[str, Any], labels: dict[str, Any], lookup: PlanLookup, cache:
         return Decision(note=note, untied="NoGangBackend")
     api = cache.api(backend)
     if api != "served":
-        version = backend.kinds[0].group_version
+        version = api_versions(backend)
         why = "is not served" if api == "not-served" else "is not known to be served yet"
         return held("GangApiUnavailable", f"the gang API {version} {why}")
     spec = pod.get("spec")

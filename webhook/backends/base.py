@@ -199,6 +199,16 @@ def composite_kind(backend: GangBackend) -> Kind | None:
     return next((k for k in backend.kinds if k.kind == "CompositePodGroup"), None)
 
 
+def api_versions(backend: GangBackend) -> str:
+    """The group/version of the backend's required kinds as a person reads it where it is not
+    served: every version it could use ("scheduling.k8s.io/v1beta1 or v1alpha2": while neither
+    is served, the version it holds says nothing of which cluster this is)."""
+    current = backend.kinds[0].group_version
+    versions = getattr(backend, "versions", ())  # a backend of several (discovery's Versioned)
+    others = [v for v in versions if not current.endswith(f"/{v}")]
+    return " or ".join([current, *others])
+
+
 def expresses(backend: GangBackend, plan: Plan) -> bool:
     """Whether the backend can make what the plan needs: a tree (levels combined) needs
     CompositePodGroups, which only some backends have."""

@@ -116,7 +116,8 @@ REASONS: Mapping[str, ReasonDoc] = {
         "False",
         "The API its gang needs is not served (the scheduler's CRDs, the scheduling.k8s.io "
         "Workload API or a kind behind a feature gate), or no gang backend serves its "
-        "scheduler name: the message says which. Its pods are scheduled one by one.",
+        "scheduler name: the message says which. Its pods are held until the API is served "
+        "(those of a scheduler no backend serves are let through, untied).",
         "Install the scheduler's CRDs or turn the feature gate on (see the message); the gang "
         "is made once discovery sees the API.",
     ),

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..backends.base import Context, is_managed
+from ..backends.base import Context, api_versions, is_managed
 from ..backends.native import POD_GROUP
 from ..core import condition, feasibilityview, planview
 from ..core.feasibility import Fit, Gang, gangs_of, judge
@@ -280,8 +280,8 @@ def _decide(found: Findings, report: Json, judged: list[tuple[Gang, Fit]]) -> tu
         return "no-gang", f"no gang: no gang backend serves the scheduler {plan.scheduler_name!r}"
     if found.unserved:
         return "no-gang", (
-            f"no gang: {backend.name} gang scheduling is unavailable ({found.unserved[0]} is not "
-            "served): its pods are scheduled one by one"
+            f"no gang: {backend.name} gang scheduling is unavailable ({api_versions(backend)} is "
+            "not served): its pods are held until it is"
         )
     objects = {o["name"]: o for o in report["gangObjects"] if "state" in o}  # not the Workload
     gangs = [g for g in plan.groups if g.policy == "gang"]

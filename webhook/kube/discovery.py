@@ -22,7 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 import orjson
 from kubernetes.aio.client import ApiClient
 
-from ..backends.base import GangBackend, Kind
+from ..backends.base import GangBackend, Kind, api_versions
 from .cache import Cache, GangApi
 from .informer import Informer
 
@@ -60,7 +60,8 @@ async def newest_served(api: ApiClient, backend: Versioned) -> str | None:
 # Why a backend's API may be missing, for the error line.
 HINTS = {
     "native": "is the GenericWorkload feature gate on, with "
-    "--runtime-config=scheduling.k8s.io/v1beta1=true?",
+    "--runtime-config=scheduling.k8s.io/v1beta1=true (1.37) or "
+    "scheduling.k8s.io/v1alpha2=true (1.36)?",
     "coscheduling": "is scheduler-plugins (its PodGroup CRD) installed?",
     "volcano": "is Volcano (its PodGroup CRD) installed?",
     "kai": "is the KAI Scheduler (its PodGroup CRD) installed?",
@@ -214,7 +215,8 @@ class BackendApiWatch:
         # Event), so not an error.
         report = log.error if backend.name == "native" else log.info
         report(
-            f"{version} {kinds} are not served ({hint}): {backend.name} gang scheduling is "
+            f"{api_versions(backend)} {kinds} are not served ({hint}): {backend.name} gang "
+            "scheduling is "
             "unavailable; TrainJobs whose pods name its scheduler get no gang objects, and "
             "their pods are held until it is served"
         )
