@@ -20,9 +20,11 @@ from tests.kube_emulator import (
     MUTATING_CONFIGS,
     POD_GROUPS,
     TRAINJOBS,
+    VALIDATING_CONFIGS,
     WORKLOADS,
     api_client,
     create,
+    delete,
     emulator,
     get,
     kubeconfig,
@@ -202,7 +204,7 @@ async def test_the_command_says_what_it_does(tmp_path: Path) -> None:
 
 
 def chart_configuration(name: str, part_of: str = "trainjob-scheduling") -> Json:
-    """A MutatingWebhookConfiguration with the labels the chart gives it (tjs.labels)."""
+    """A webhook configuration with the labels the chart gives it (tjs.labels)."""
     labels = {
         "app.kubernetes.io/name": "trainjob-scheduling",
         "app.kubernetes.io/instance": name.split("-")[0],
@@ -223,8 +225,15 @@ async def test_installed_configurations_are_found_by_the_charts_label() -> None:
         await create(k, MUTATING_CONFIGS, chart_configuration("custom-webhook"))  # fullnameOverride
         await create(k, MUTATING_CONFIGS, chart_configuration("b-trainjob-scheduling-webhook"))
         assert await uninstall.installed_configurations(api) == [
-            "b-trainjob-scheduling-webhook",
-            "custom-webhook",
+            "MutatingWebhookConfiguration b-trainjob-scheduling-webhook",
+            "MutatingWebhookConfiguration custom-webhook",
+        ]
+        # The validating one alone (its snapshot guard refuses the annotation's removal).
+        for name in ("b-trainjob-scheduling-webhook", "custom-webhook"):
+            await delete(k, MUTATING_CONFIGS, None, name)
+        await create(k, VALIDATING_CONFIGS, chart_configuration("b-trainjob-scheduling-webhook"))
+        assert await uninstall.installed_configurations(api) == [
+            "ValidatingWebhookConfiguration b-trainjob-scheduling-webhook"
         ]
 
 
@@ -235,7 +244,9 @@ async def test_without_list_the_default_name_is_read() -> None:
     async with emulator() as (k, url), api_client(url) as api:
         await create(k, MUTATING_CONFIGS, {"metadata": {"name": FIELD_MANAGER}, "webhooks": []})
         next_requests(k[kmock.action.LIST, MUTATING_CONFIGS], 2) << status(403, reason="Forbidden")
-        assert await uninstall.installed_configurations(api) == [FIELD_MANAGER]
+        assert await uninstall.installed_configurations(api) == [
+            f"MutatingWebhookConfiguration {FIELD_MANAGER}"
+        ]
         next_requests(k[MUTATING_CONFIGS], 2) << status(403, reason="Forbidden")
         assert await uninstall.installed_configurations(api) == []
 

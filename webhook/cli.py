@@ -376,8 +376,9 @@ def uninstall_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int
     if present:
         print(
             "Warning: the service's webhook configuration is still installed "
-            f"(MutatingWebhookConfiguration {', '.join(present)}): a running service writes "
-            "the condition and annotation back (helm uninstall first)",
+            f"({', '.join(present)}): a running service writes the condition and annotation "
+            "back, and its TrainJob webhook refuses the annotation's removal (helm uninstall "
+            "first)",
             file=err,
         )
     for cleaned in summary.cleaned:
