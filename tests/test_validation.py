@@ -1052,6 +1052,10 @@ def test_trainjob_update_is_denied_only_for_errors_it_did_not_have() -> None:
     assert validate_trainjob(labelled, rt, stored).errors == ()
     (err,) = validate_trainjob(stored, rt, trainjob(num_nodes=2)).errors
     assert err.path == "spec.trainer.numNodes"
+    # Another wrong value of the same field is a new error.
+    assert validate_trainjob(trainjob(num_nodes=0), rt, trainjob(num_nodes=0)).errors == ()
+    (err,) = validate_trainjob(stored, rt, trainjob(num_nodes=0)).errors
+    assert err.path == "spec.trainer.numNodes" and "2147483648 pods" in err.detail
 
 
 def test_template_cap_message_fits_the_level() -> None:

@@ -351,11 +351,11 @@ def check_trainjob(
     errors = _spec_errors(trainjob, checked.runtime, layout)
     if old is not None:
         # Ratcheted, as Kubernetes ratchets a CRD's validation: an update is denied only for
-        # an error the stored TrainJob did not have. A runtime edited since (or a TrainJob
-        # admitted while the service was away) must not block a label edit, the service's own
-        # writes or Kueue's suspend: such a denial would hold them for ever.
-        had = {(e.path, e.type) for e in _spec_errors(old, checked.runtime, layout)}
-        errors = [e for e in errors if (e.path, e.type) not in had]
+        # an error the stored TrainJob did not have (the very same: a value changed to another
+        # wrong one is denied). A runtime edited since must not block a label edit, the
+        # service's own writes or Kueue's suspend: such a denial would hold them for ever.
+        had = _spec_errors(old, checked.runtime, layout)
+        errors = [e for e in errors if e not in had]
     found += errors
     return Verdict(tuple(found), verdict.warnings)
 
