@@ -157,7 +157,7 @@ def test_a_pod_is_held_while_the_gang_api_is_not_served(server: RunningServer, s
     freeze(server.cache)
     server.cache.apis["native"] = state
     with server.client() as client:
-        held(answer(client, review()), "scheduling.k8s.io/v1beta1 is not")
+        held(answer(client, review()), "scheduling.k8s.io/v1beta1 or v1alpha2 is not")
 
 
 def test_a_pod_naming_another_scheduler_is_held(server: RunningServer) -> None:

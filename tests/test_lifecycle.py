@@ -49,6 +49,7 @@ from webhook.backends.native import WORKLOAD
 from webhook.core import condition as cond
 from webhook.core import naming
 from webhook.core.snapshot import SNAPSHOT_ANNOTATION
+from webhook.kube.cache import FINISHED
 from webhook.kube.lookup import TrainJobLookup, api_ask
 from webhook.server.run import Service as WebhookService
 
@@ -540,7 +541,7 @@ async def test_a_trainjob_that_completes_shrinks_to_a_tombstone_and_its_pods_are
         await eventually(lambda: not live_pod_groups(s.k) and not pod_group(s.k, NAME), "gone")
 
         entry = s.cache.trainjobs.get(NS, NAME)
-        assert entry is not None and entry.memo is None
+        assert entry is not None and entry.memo in (None, FINISHED)  # no plan kept
         meta = entry.raw["metadata"]
         assert "labels" not in meta and list(meta["annotations"]) == [SNAPSHOT_ANNOTATION]
         assert meta["uid"] == created["metadata"]["uid"]
@@ -551,5 +552,5 @@ async def test_a_trainjob_that_completes_shrinks_to_a_tombstone_and_its_pods_are
         assert await jobs.create_pod(0) is None
         assert "the TrainJob has finished" in jobs.held[-1]
         entry = s.cache.trainjobs.get(NS, NAME)
-        assert entry is not None and entry.memo is None  # holding it planned nothing
+        assert entry is not None and entry.memo is FINISHED  # holding it planned nothing
         assert not live_pod_groups(s.k)  # nothing made again for it
