@@ -203,10 +203,9 @@ def api_versions(backend: GangBackend) -> str:
     """The group/version of the backend's required kinds as a person reads it where it is not
     served: every version it could use ("scheduling.k8s.io/v1beta1 or v1alpha2": while neither
     is served, the version it holds says nothing of which cluster this is)."""
-    current = backend.kinds[0].group_version
+    kind = backend.kinds[0]
     versions = getattr(backend, "versions", ())  # a backend of several (discovery's Versioned)
-    others = [v for v in versions if not current.endswith(f"/{v}")]
-    return " or ".join([current, *others])
+    return " or ".join([kind.group_version, *(v for v in versions if v != kind.version)])
 
 
 def expresses(backend: GangBackend, plan: Plan) -> bool:

@@ -216,9 +216,8 @@ class BackendApiWatch:
         report = log.error if backend.name == "native" else log.info
         report(
             f"{api_versions(backend)} {kinds} are not served ({hint}): {backend.name} gang "
-            "scheduling is "
-            "unavailable; TrainJobs whose pods name its scheduler get no gang objects, and "
-            "their pods are held until it is served"
+            "scheduling is unavailable; TrainJobs whose pods name its scheduler get no gang "
+            "objects, and their pods are held until it is served"
         )
 
     async def _stop(self, kind: Kind) -> None:

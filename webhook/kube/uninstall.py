@@ -201,14 +201,6 @@ async def _clean(objects: CustomObjectsApi, obj: Json, dry_run: bool) -> Cleaned
 PART_OF_SELECTOR = "app.kubernetes.io/part-of=trainjob-scheduling"
 
 
-# The validating configuration matters on its own: its TrainJob webhook (the snapshot guard)
-# refuses the annotation's removal by anyone but the service.
-CONFIGURATION_KINDS = {
-    "MutatingWebhookConfiguration": "mutating_webhook_configuration",
-    "ValidatingWebhookConfiguration": "validating_webhook_configuration",
-}
-
-
 async def installed_configurations(api: ApiClient) -> list[str]:
     """The service's webhook configurations still installed, as "Kind name" (then it would write
     the condition and annotation back, or refuse the annotation's removal): the chart's, found
@@ -217,22 +209,28 @@ async def installed_configurations(api: ApiClient) -> list[str]:
     from kubernetes.aio.client import AdmissionregistrationV1Api
 
     admission: Any = AdmissionregistrationV1Api(api)  # its answers are typed as object
+    # The validating one matters on its own: its TrainJob webhook (the snapshot guard) refuses
+    # the annotation's removal by anyone but the service.
+    kinds = (
+        ("MutatingWebhookConfiguration", admission.list_mutating_webhook_configuration,
+         admission.read_mutating_webhook_configuration),
+        ("ValidatingWebhookConfiguration", admission.list_validating_webhook_configuration,
+         admission.read_validating_webhook_configuration),
+    )  # fmt: skip
     found: list[str] = []
-    for kind, method in CONFIGURATION_KINDS.items():
-        found += [f"{kind} {name}" for name in await _installed(admission, method)]
+    for kind, list_them, read_one in kinds:
+        found += [f"{kind} {name}" for name in await _installed(list_them, read_one)]
     return found
 
 
-async def _installed(admission: Any, method: str) -> list[str]:
+async def _installed(list_them: Any, read_one: Any) -> list[str]:
     try:
-        listed = await getattr(admission, f"list_{method}")(
-            label_selector=PART_OF_SELECTOR, limit=PAGE
-        )
+        listed = await list_them(label_selector=PART_OF_SELECTOR, limit=PAGE)
         return sorted(str(c.metadata.name) for c in listed.items or [] if c.metadata is not None)
     except Exception:  # 403 (no list), not served: the fixed name is all there is to ask for
         pass
     try:
-        await getattr(admission, f"read_{method}")(FIELD_MANAGER)
+        await read_one(FIELD_MANAGER)
     except Exception:  # 404, 403, not served: nothing to say
         return []
     return [FIELD_MANAGER]
