@@ -559,7 +559,13 @@ def test_a_missing_rule_is_refused_and_the_service_says_which(
                 deadline.wait(0.05)
             # The one request the missing rule allowed, refused (again on each retry).
             assert set(refused()) == {f"create secrets in {NAMESPACE}"}, refused()
-            lines = served.log_lines()
-            forbidden = [line for line in lines if "forbidden to create" in line["msg"]]
+            # The service logs the refusal just after the emulator counts it: wait for the line.
+            forbidden: list[Json] = []
+            for _ in range(200):
+                lines = served.log_lines()
+                forbidden = [line for line in lines if "forbidden to create" in line["msg"]]
+                if forbidden:
+                    break
+                deadline.wait(0.05)
             assert forbidden and "verbs: [create]" in forbidden[0]["rbac"], _tail(served)
             assert httpx.get(f"{served.health_url}/readyz", timeout=5).status_code == 503
