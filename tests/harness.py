@@ -75,8 +75,20 @@ def fixture_cache(plan_version: int = 2) -> Cache:
     for kind, store in stores.items():
         store.replace(items[kind])
     freeze(cache, plan_version=plan_version)  # as by the time the fixtures' pods were created
-    cache.apis["native"] = "served"  # the cluster served scheduling.k8s.io/v1beta1 (discovery)
+    served(cache)  # the cluster served scheduling.k8s.io/v1beta1 (discovery), none listed yet
     return cache
+
+
+def served(cache: Cache, backend: str = "native") -> None:
+    """As discovery and the watches leave a backend: its API served and its objects listed (the
+    stores that have not listed yet, empty)."""
+    cache.apis[backend] = "served"
+    found = cache.backends.named(backend)
+    assert found is not None, backend
+    for kind in found.kinds:
+        store = cache.store(kind)
+        if not store.synced:
+            store.replace([])
 
 
 def frozen(cache: Cache, trainjob: dict[str, Any], plan_version: int = 2) -> dict[str, Any]:

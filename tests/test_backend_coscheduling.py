@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from tests import reference
 from tests.builders import Json, parsed, rj, runtime, trainjob
 from tests.crd_schema import crd_errors
-from tests.harness import fixture, frozen, held_because, running_server, webhook_path
+from tests.harness import fixture, frozen, held_because, running_server, served, webhook_path
 from tests.kube_emulator import (
     CLUSTER_RUNTIMES,
     TRAINJOBS,
@@ -492,7 +492,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[httpx.Cli
     cache.training_runtimes.replace([])
     trainjobs = [gpu_trainjob(), gpu_trainjob("slurm-job", "cos-slurm"), gpu_trainjob("unserved")]
     cache.trainjobs.replace([frozen(cache, tj) for tj in trainjobs])
-    cache.apis["coscheduling"] = "served"
+    served(cache, "coscheduling")
     with running_server(cache, tmp_path_factory.mktemp("certs")) as srv, srv.client() as client:
         yield client, cache
 
@@ -563,7 +563,7 @@ def test_no_label_for_another_scheduler_a_basic_group_or_an_unserved_api(
         why = held_because(answer_of(client, pod_review("unserved", "node", PLUGINS)))
         assert why.startswith("the gang API scheduling.x-k8s.io/v1alpha1 is not served")
     finally:
-        cache.apis["coscheduling"] = "served"
+        served(cache, "coscheduling")
 
 
 def test_trainjob_admission_says_what_the_topology_becomes(

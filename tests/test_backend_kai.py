@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from tests import reference
 from tests.builders import TRAINJOB_UID, Json, rj, runtime, torch_node, trainjob
 from tests.crd_schema import crd_errors
-from tests.harness import frozen, held_because, running_server, webhook_path
+from tests.harness import frozen, held_because, running_server, served, webhook_path
 from tests.kube_emulator import (
     CLUSTER_RUNTIMES,
     POD_GROUPS,
@@ -365,7 +365,7 @@ def kai_cache(
     cache.trainjobs.replace([])
     cache.training_runtimes.replace([])
     cache.priority_classes.replace([{"metadata": {"name": n}} for n in classes])
-    cache.apis["kai"] = "served"
+    served(cache, "kai")
     return cache
 
 

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from tests.builders import TRAINJOB_UID, Json, rj, trainjob
 from tests.crd_schema import crd_errors
-from tests.harness import fixture, frozen, held_because, running_server
+from tests.harness import fixture, frozen, held_because, running_server, served
 from tests.kube_emulator import (
     CLUSTER_RUNTIMES,
     TRAINJOBS,
@@ -560,7 +560,7 @@ def test_no_annotation_for_another_scheduler_an_unserved_api_or_a_foreign_gang(
             "the gang API scheduling.volcano.sh/v1beta1 is not served"
         )
     finally:
-        cache.apis["volcano"] = "served"
+        served(cache, "volcano")
     # A PodGroup the TrainJob controls that this service did not make: another controller's gang.
     owner = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "name": NAME,
              "uid": TJ_UID, "controller": True}  # fmt: skip

@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from tests.builders import TRAINJOB_UID, Json, rj, runtime, torch_node, trainjob
-from tests.harness import fixture, frozen, held_because, running_server
+from tests.harness import fixture, frozen, held_because, running_server, served
 from tests.kube_emulator import (
     CLUSTER_RUNTIMES,
     TRAINJOBS,
@@ -379,7 +379,7 @@ def pod_cache() -> Cache:
     tj["metadata"]["uid"] = TRAINJOB_UID
     cache.trainjobs.replace([frozen(cache, tj)])
     cache.training_runtimes.replace([])
-    cache.apis["native"] = "served"
+    served(cache, "native")
     return cache
 
 

@@ -458,7 +458,10 @@ def test_every_webhook_path_of_the_service_is_registered_and_no_other(default: R
 def test_failure_policies_and_timeouts_are_values(default: Rendered) -> None:
     hooks = {hook["name"].split(".")[0] + "." + hook["name"].split(".")[1]: hook
              for _, hook in _hooks(default).values()}  # fmt: skip
-    assert {h["failurePolicy"] for h in hooks.values()} == {"Fail"}
+    # Only the Job webhook is Ignore: it is best effort (the pod webhook ties the pods anyway).
+    assert {n: h["failurePolicy"] for n, h in hooks.items() if h["failurePolicy"] != "Fail"} == {
+        "jobs.mutate": "Ignore"
+    }
     changed = render({"webhooks": {"mutatePod": {"failurePolicy": "Ignore", "timeoutSeconds": 3,
                                                  "reinvocationPolicy": "Never"}}})  # fmt: skip
     pod = _hooks(changed)["/mutate--v1-pod"][1]
@@ -466,7 +469,7 @@ def test_failure_policies_and_timeouts_are_values(default: Rendered) -> None:
         "Ignore", 3, "Never",
     )  # fmt: skip
     others = [h for p, (_, h) in _hooks(changed).items() if p != "/mutate--v1-pod"]
-    assert {h["failurePolicy"] for h in others} == {"Fail"}
+    assert [h["failurePolicy"] for h in others].count("Ignore") == 1  # the Job webhook's
     extra = render({"webhooks": {"excludeNamespaces": ["kube-system", "monitoring"]}})
     values = _hooks(extra)["/mutate--v1-pod"][1]["namespaceSelector"]["matchExpressions"][0][
         "values"
@@ -526,7 +529,9 @@ def test_selectors_and_match_conditions_never_skip_a_review_the_service_changes(
         reached += called
         skipped += not called
     assert reached >= 10 and skipped >= 1, (reached, skipped)
-    assert not _match_conditions_hold(
+    # A pod that already names a group is sent too (the Job controller's per-Job gang names
+    # one on a ganged TrainJob's pods when their Job was made while the service was away).
+    assert _match_conditions_hold(
         hooks["/mutate--v1-pod"][1], fixture("pod-create-with-schedulinggroup.mutate.json")
     )
     trainjob = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "name": "j",
@@ -1225,7 +1230,7 @@ def test_a_pod_outside_the_watched_namespaces_or_not_a_jobsets_never_reaches_the
             for path, (_, hook) in _hooks(r).items()
             if hook["rules"][0]["scope"] == "Namespaced" and path != TRAINJOB_PATH
         ]
-        assert len(selectors) == 5 and all(s == selectors[0] for s in selectors)
+        assert len(selectors) == 6 and all(s == selectors[0] for s in selectors)
 
 
 def test_every_trainjob_the_reconciler_serves_reaches_the_tamper_check(default: Rendered) -> None:
@@ -1259,7 +1264,9 @@ def test_every_trainjob_the_reconciler_serves_reaches_the_tamper_check(default: 
 # in docs/tasks/install.md#blast-radius says the same per object kind.
 WHILE_DOWN = {
     "pod-create-by-job-controller": "refused",  # a TrainJob's pod: retried by the Job controller
-    "pod-create-with-schedulinggroup": "admitted",  # already in a group
+    # A JobSet pod already in a group: it may be a ganged TrainJob's whose Job the Job
+    # controller ganged itself (WorkloadWithJob), so it waits like the others.
+    "pod-create-with-schedulinggroup": "refused",
     "trainjob-create": "refused",
     "trainjob-update-suspend": "admitted",  # Kueue's suspend/resume
     "trainjob-status-update": "admitted",  # the status subresource is not sent

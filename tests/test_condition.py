@@ -132,12 +132,25 @@ def test_a_missing_runtime_is_said_only_for_a_trainjob_already_spoken_for() -> N
     assert reason(situation, stored(c.INVALID_RUNTIME)) == c.RUNTIME_NOT_FOUND
 
 
-def test_dropped_fields_name_the_gate() -> None:
-    note = "the API server dropped spec.schedulingConstraints (TopologyAwareWorkloadScheduling)"
-    situation = Situation(gangs=(gang(scheduled=True, verdict="Scheduled"),), dropped=note)
-    desired = decide(situation, None, NOW)
+def test_dropped_fields_are_said_while_waiting_and_kept_in_the_scheduled_message() -> None:
+    note = (
+        "the API server dropped schedulingConstraints (feature gate "
+        "TopologyAwareWorkloadScheduling is off)"
+    )
+    waiting = Situation(gangs=(gang(),), dropped=note)
+    desired = decide(waiting, None, NOW)
     assert desired is not None and desired.reason == c.FEATURE_GATE_OFF
+    assert desired.status == "False" and "TopologyAwareWorkloadScheduling" in desired.message
+    # A gang that is scheduled is said Scheduled (True): never waiting, never FeatureGateOff.
+    scheduled = Situation(gangs=(gang(scheduled=True, verdict="Scheduled"),), dropped=note)
+    desired = decide(scheduled, None, NOW)
+    assert desired is not None and (desired.status, desired.reason) == ("True", c.SCHEDULED)
     assert "TopologyAwareWorkloadScheduling" in desired.message
+    # The scheduler's own verdict still comes first, the dropped fields beside it.
+    judged = Situation(gangs=(gang(verdict="Unschedulable"),), dropped=note)
+    desired = decide(judged, None, NOW)
+    assert desired is not None and desired.reason == c.WAITING_FOR_CAPACITY
+    assert note in desired.message
 
 
 def test_infeasible_carries_the_numbers_unless_the_gang_was_scheduled_anyway() -> None:

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.harness import served
 from webhook.admission.handlers import mutate_pod_review
 from webhook.admission.review import Decision, Review
 from webhook.backends.native import POD_GROUP, WORKLOAD, match_group, with_min_counts
@@ -95,22 +96,34 @@ SPECS = st.one_of(
 
 
 @settings(max_examples=500, deadline=None)
-@given(spec=SPECS, missing=st.booleans())
-def test_pod_patch_equals_jsonpatch(spec: Any, missing: bool) -> None:
-    pod: dict[str, Any] = {"metadata": {"generateName": "p-"}}
+@given(spec=SPECS, missing=st.booleans(), job=st.booleans())
+def test_pod_patch_equals_jsonpatch(spec: Any, missing: bool, job: bool) -> None:
+    """The one operation puts the pod (or a Job's pod template) in the group, whatever its
+    spec holds: a group already named by someone else is replaced; the same group is kept."""
+    body: dict[str, Any] = {"metadata": {"generateName": "p-"}}
+    at = ("spec", "template") if job else ()
+    holder = body
+    for part in at:
+        holder = holder.setdefault(part, {})
     if not missing:
-        pod["spec"] = spec
-    current = pod.get("spec")
-    if isinstance(current, dict) and current.get("schedulingGroup") is not None:
-        return  # such pods are left alone (tested below)
-    target = copy.deepcopy(pod)
-    if isinstance(current, dict):
-        target["spec"]["schedulingGroup"] = {"podGroupName": "g"}
+        holder["spec"] = spec
+    target = copy.deepcopy(body)
+    into = target
+    for part in at:
+        into = into[part]
+    if isinstance(into.get("spec"), dict):
+        into["spec"]["schedulingGroup"] = {"podGroupName": "g"}
     else:
-        target["spec"] = {"schedulingGroup": {"podGroupName": "g"}}
-    op = pod_group_op(pod, "g")
-    assert [op] == jsonpatch.make_patch(pod, target).patch
-    assert jsonpatch.apply_patch(pod, [op]) == target
+        into["spec"] = {"schedulingGroup": {"podGroupName": "g"}}
+    op = pod_group_op(body, "g", at)
+    if target == body:
+        assert op is None
+        return
+    assert op is not None
+    assert jsonpatch.apply_patch(body, [op]) == target
+    current = holder.get("spec")
+    if not isinstance(current, dict) or "schedulingGroup" not in current:
+        assert [op] == jsonpatch.make_patch(body, target).patch
 
 
 def pod_review(labels: dict[str, str] | None, spec: dict[str, Any] | None = None) -> Review:
@@ -131,10 +144,10 @@ JOBSET = {"jobset.sigs.k8s.io/jobset-name": "my-job", "jobset.sigs.k8s.io/job-in
         ({**JOBSET, "jobset.sigs.k8s.io/replicatedjob-name": "node"}, None, True, False),
         ({"app": "web"}, None, False, False),  # not a JobSet pod
         ({**JOBSET, "jobset.sigs.k8s.io/replicatedjob-name": "ghost"}, None, False, False),
-        (  # already in a group
+        (  # in another group (the Job controller's own gang): tied to its gang's instead
             {**JOBSET, "jobset.sigs.k8s.io/replicatedjob-name": "node"},
             {"schedulingGroup": {"podGroupName": "mine"}},
-            False,
+            True,
             False,
         ),
         (  # a JobSet with no TrainJob of its name (synced cache): someone else's, silently
@@ -181,7 +194,7 @@ def test_pods_of_an_untargeted_replicated_job_get_no_group() -> None:
     cache = Cache(connected=True)
     cache.cluster_runtimes.replace([rt])
     cache.trainjobs.replace([frozen(cache, tj)])
-    cache.apis["native"] = "served"
+    served(cache, "native")
     for name, patched in (("node", True), ("eval", False)):
         labels = {**JOBSET, "jobset.sigs.k8s.io/replicatedjob-name": name}
         review = pod_review(labels)

@@ -16,6 +16,7 @@ import kmock
 import pytest
 from kubernetes.aio.client import ApiClient, Configuration
 
+from tests.harness import served
 from tests.kube_emulator import (
     CLUSTER_RUNTIMES,
     TRAINJOBS,
@@ -50,7 +51,7 @@ async def service(k: VersionedEmulator, url: str, settings: WriterSettings) -> A
     api = ApiClient(configuration=Configuration(host=url))
     cache = Cache(connected=True)
     cache.kind_states[COMPOSITE] = "not-served"
-    cache.apis["native"] = "served"
+    served(cache, "native")
     native = cache.backends.named("native")
     assert native is not None
     pods = GangPods()

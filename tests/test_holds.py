@@ -16,6 +16,7 @@ import httpx
 import orjson
 import pytest
 
+from tests.harness import served
 from webhook.admission.handlers import HOLD_CODE
 from webhook.backends.base import MANAGED_BY, MANAGED_BY_LABEL
 from webhook.backends.native import POD_GROUP
@@ -58,7 +59,7 @@ def freeze(cache: Cache, text: str | None = None) -> None:
 def ganged_cache() -> Cache:
     """The fixtures' cache, its TrainJob not frozen yet (the reconciler has not passed)."""
     cache = fixture_cache()
-    cache.apis["native"] = "served"
+    served(cache, "native")
     raw = trainjob_raw(cache)
     raw["metadata"].get("annotations", {}).pop(SNAPSHOT_ANNOTATION, None)
     cache.trainjobs.replace([raw])

@@ -18,6 +18,7 @@ import yaml
 
 from tests.bench.cache_bench import trainjob as bench_trainjob
 from tests.bench.reconcile_bench import cluster_runtime as bench_runtime
+from tests.harness import served
 from webhook.backends.base import Context
 from webhook.core import condition as cond
 from webhook.core.feasibility import gangs_of
@@ -183,7 +184,7 @@ def caches() -> tuple[Cache, Cache]:
             if runtime["kind"] == "TrainingRuntime":
                 store = cache.training_runtimes
             store.apply("ADDED", runtime)
-        cache.apis["native"] = "served"
+        served(cache, "native")
     assert isinstance(kept.trainjobs, TrainJobStore)
     return whole, kept
 

@@ -136,7 +136,7 @@ def test_a_gated_field_the_server_dropped_is_reported_not_recreated() -> None:
     del have["spec"]["schedulingConstraints"]
     drift = pod_group_drift(want, have)
     assert drift.kind == "none"
-    assert drift.dropped == ("schedulingConstraints (TopologyAwareWorkloadScheduling)",)
+    assert drift.dropped == (("schedulingConstraints", "TopologyAwareWorkloadScheduling"),)
 
 
 def test_controlled_by_needs_the_trainjob_controller_with_that_uid() -> None:

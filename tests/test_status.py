@@ -493,7 +493,20 @@ async def test_fields_the_api_server_dropped_name_the_feature_gate() -> None:
         stored = await get(s.k, POD_GROUPS, NS, group)
         assert stored is not None and "schedulingConstraints" not in stored["spec"]
         found = await condition_is(s.k, cond.FEATURE_GATE_OFF)
-        assert "schedulingConstraints (TopologyAwareWorkloadScheduling)" in found["message"]
+        assert (
+            "schedulingConstraints from its PodGroup and Workload (feature gate "
+            in (found["message"])
+        )
+        assert "TopologyAwareWorkloadScheduling is off" in found["message"]
+        assert (
+            s.sample(
+                "trainjob_scheduling_gang_fields_dropped",
+                kind="PodGroup",
+                field="schedulingConstraints",
+                gate="TopologyAwareWorkloadScheduling",
+            )
+            == 1
+        )
 
 
 async def test_a_replica_that_stops_leading_stops_counting_degraded_gangs() -> None:

@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 
 from tests.apiserver_rules import objects_errors
 from tests.builders import TRAINJOB_UID, Json, rj, runtime, torch_node, trainjob
-from tests.harness import fixture, frozen, held_because, running_server
+from tests.harness import fixture, frozen, held_because, running_server, served
 from tests.kube_emulator import (
     CLUSTER_RUNTIMES,
     COMPOSITE_POD_GROUPS,
@@ -367,7 +367,7 @@ def test_the_pod_webhook_ties_each_pod_to_its_leaf_over_https(tmp_path: Path) ->
     cache.cluster_runtimes.replace([tree_runtime])
     cache.training_runtimes.replace([])
     cache.trainjobs.replace([frozen(cache, tj)])
-    cache.apis["native"] = "served"
+    served(cache, "native")
     cache.kind_states[COMPOSITE] = "served"
     review = fixture("pod-create-by-job-controller.mutate.json")
 

@@ -540,7 +540,8 @@ _SERVE_OPTIONS: list[tuple[str, str, Any, str, str]] = [
     ("--service-account", "SERVICE_ACCOUNT", str, "",
      "the username the service's API requests carry (system:serviceaccount:<namespace>:<name>): "
      "the only requester allowed to write a TrainJob's runtime snapshot (default: the pod's "
-     "ServiceAccount, read from its token; outside a pod: no one)"),
+     "ServiceAccount, read from its token; else whom the API server says the kubeconfig "
+     "authenticates as, as kubectl auth whoami)"),
     ("--watch-namespaces", "WATCH_NAMESPACES", _names, "",
      "comma-separated namespaces whose TrainJobs are served (default: all)"),
     ("--reconcile", "RECONCILE", _bool, "true",

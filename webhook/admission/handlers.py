@@ -17,11 +17,13 @@ from ..backends.base import (
     Defaulting,
     GangBackend,
     Kind,
+    TiesJobs,
     api_versions,
     composite_kind,
     expresses,
     is_managed,
 )
+from ..backends.native import scheduling_group_of
 from ..core import defaults, kueue, overcommit
 from ..core import errors as fe
 from ..core.errors import FieldError, Path
@@ -335,9 +337,9 @@ def mutate_pod_review(review: Review, cache: Cache) -> Decision | Awaitable[Deci
     trainjob = labels.get(JOBSET_NAME) if isinstance(labels, dict) else None
     if not isinstance(trainjob, str):
         return Decision()  # not a JobSet pod, so not a TrainJob's
-    spec = pod.get("spec")
-    if isinstance(spec, dict) and spec.get("schedulingGroup") is not None:
-        return Decision()  # already in a group: whoever set it decides
+    # A pod that already names a group is judged too: of a ganged TrainJob, it is tied to its
+    # gang whoever named another (the Job controller names its own per-Job gang on the pods of
+    # a Job made before this service could mark it, `mutate_job_review`).
     namespace = _namespace(review, pod)
     lookup = cache.plan_for(namespace, trainjob)
     if lookup.state == "no-trainjob":
@@ -391,9 +393,13 @@ def _tie(pod: dict[str, Any], labels: dict[str, Any], lookup: PlanLookup, cache:
         note = f"not tied to a gang: no gang backend serves the scheduler {plan.scheduler_name!r}"
         return Decision(note=note, untied="NoGangBackend")
     api = cache.api(backend)
-    if api != "served":
+    if api != "served" or not cache.backend_ready(backend):
         version = api_versions(backend)
-        why = "is not served" if api == "not-served" else "is not known to be served yet"
+        why = (
+            "is not served" if api == "not-served"
+            else "is not known to be served yet" if api == "unknown"
+            else "is served, but this replica has not listed its objects yet"
+        )  # fmt: skip
         return held("GangApiUnavailable", f"the gang API {version} {why}")
     spec = pod.get("spec")
     scheduler = (spec.get("schedulerName") if isinstance(spec, dict) else None) or DEFAULT_SCHEDULER
@@ -410,7 +416,12 @@ def _tie(pod: dict[str, Any], labels: dict[str, Any], lookup: PlanLookup, cache:
     blocked = _group_blocked(backend, plan, group, cache)
     if blocked is not None:
         return blocked
-    return Decision(patch=backend.pod_patch(pod, plan, group) or None)
+    patch = backend.pod_patch(pod, plan, group) or None
+    named = scheduling_group_of(pod)
+    if patch and named is not None and named != group.pod_group_name:
+        note = f"tied to {group.pod_group_name!r} instead of the PodGroup it named, {named!r}"
+        return Decision(patch=patch, note=note, regrouped=True)
+    return Decision(patch=patch)
 
 
 def _group_blocked(
@@ -441,6 +452,65 @@ def _namespace(review: Review, obj: dict[str, Any]) -> str:
     meta = obj.get("metadata")
     ns = meta.get("namespace") if isinstance(meta, dict) else None
     return ns if isinstance(ns, str) else ""
+
+
+# --- Jobs (a ganged TrainJob's Jobs name their PodGroup: the Job controller's gangs stand down) --
+#
+# With WorkloadWithJob (alpha in 1.36, planned on by default in 1.38) the Job controller makes
+# a Workload and PodGroup of its own for every Indexed Job whose parallelism equals its
+# completions, and names it on the Job's pods, unless the Job's pod template already names a
+# group (KEP-5547: a parent that gangs several Jobs sets `schedulingGroup` on its child Jobs).
+# So a ganged TrainJob's Jobs get their PodGroup in their pod template when JobSet creates them:
+# one gang per pod set, never two. Best effort (the chart's failurePolicy is Ignore): a Job made
+# while this service cannot answer gets the Job controller's gang, whose pods the pod webhook
+# ties to this TrainJob's gang instead.
+
+
+def mutate_job_review(review: Review, cache: Cache) -> Decision:
+    if review.operation != "CREATE" or review.sub_resource:
+        return Decision()
+    job = review.object
+    assert job is not None
+    template = _at(job, "spec", "template")
+    labels = _at(template, "metadata", "labels")
+    trainjob = labels.get(JOBSET_NAME)
+    if not isinstance(trainjob, str) or scheduling_group_of(job, ("spec", "template")):
+        return Decision()  # not a JobSet's Job, or its template names a group already
+    namespace = _namespace(review, job)
+    plan = _job_plan(cache, namespace, trainjob)
+    if plan is None:
+        return Decision()  # not a ganged TrainJob's (or not known yet: best effort)
+    attempt = attempt_of(labels)
+    group = group_for_labels(plan.at_attempt(attempt), labels) if attempt is not None else None
+    backend = cache.backends.for_plan(plan)
+    if group is None or not isinstance(backend, TiesJobs):
+        return Decision()  # an untargeted ReplicatedJob, or a backend that ties pods otherwise
+    return Decision(patch=backend.job_patch(job, plan.at_attempt(attempt or 0), group) or None)
+
+
+def _job_plan(cache: Cache, namespace: str, trainjob: str) -> Plan | None:
+    """The TrainJob's plan: the frozen one, else (not frozen yet: the reconciler freezes it in a
+    moment) the one its runtime gives now. Either names the group its pods will be tied to."""
+    lookup = cache.plan_for(namespace, trainjob)
+    if lookup.plan is not None or lookup.state != "unfrozen":
+        return lookup.plan
+    entry = cache.trainjobs.get(namespace, trainjob)
+    parsed = parse(TrainJob, entry.raw)[0] if entry is not None else None
+    if parsed is None:
+        return None
+    runtime = cache.runtime(parsed.runtime_kind, namespace, parsed.spec.runtime_ref.name or "")
+    if runtime is None or not runtime.verdict.allowed:
+        return None
+    try:
+        return build_plan(parsed, runtime)
+    except PlanningError:
+        return None
+
+
+def _at(obj: Any, *path: str) -> dict[str, Any]:
+    for part in path:
+        obj = obj.get(part) if isinstance(obj, dict) else None
+    return obj if isinstance(obj, dict) else {}
 
 
 # --- a backend's own objects (the native Workload and PodGroup: minCount defaulting) ---------

@@ -76,6 +76,9 @@ class Decision:
     untied: str = ""
     """A TrainJob pod of a ganged runtime held (denied: the Job controller retries) or admitted
     without its group: why, as the reason label of the pods' held/untied counters."""
+    regrouped: bool = False
+    """A ganged TrainJob's pod that named another group (the Job controller's own gang) and is
+    tied to its gang instead."""
 
 
 def parse(body: bytes) -> Review:

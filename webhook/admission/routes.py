@@ -41,6 +41,7 @@ SCHEDULING = "scheduling.k8s.io"
 
 WEBHOOKS: tuple[Webhook, ...] = (
     Webhook("mutate", "", "v1", "Pod", "pods", h.mutate_pod_review),
+    Webhook("mutate", "batch", "v1", "Job", "jobs", h.mutate_job_review),
     Webhook("mutate", TRAINER, "v1alpha1", "ClusterTrainingRuntime", "clustertrainingruntimes",
             h.mutate_runtime_review),
     Webhook("mutate", TRAINER, "v1alpha1", "TrainingRuntime", "trainingruntimes",

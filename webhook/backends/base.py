@@ -76,8 +76,9 @@ class Drift:
     patch: tuple[dict[str, Any], ...] = ()
     """For `patch`: a JSON Patch that tests the object's uid first, then changes it in place."""
     reason: str = ""
-    dropped: tuple[str, ...] = field(default=())
-    """Gated fields the API server dropped (with their gate): reported, never treated as drift."""
+    dropped: tuple[tuple[str, str], ...] = field(default=())
+    """Fields the API server dropped because a feature gate is off, as (field, gate): reported,
+    never treated as drift."""
 
 
 GangStateName = Literal["scheduled", "waiting"]
@@ -189,6 +190,17 @@ class Defaulting(Protocol):
     def default(
         self, kind: Kind, obj: Mapping[str, Any], plan: Plan
     ) -> tuple[JsonObject, list[str]]: ...
+
+
+@runtime_checkable
+class TiesJobs(Protocol):
+    """A backend whose pods name their group in a field a Job's pod template carries too (the
+    native one: `spec.schedulingGroup`). Set on a TrainJob's Jobs when they are created, it
+    tells the Job controller that a parent gangs them (its own per-Job gangs stand down)."""
+
+    name: str
+
+    def job_patch(self, job: JsonObject, plan: Plan, group: GroupPlan) -> list[JsonObject]: ...
 
 
 # --- what backends share ---------------------------------------------------------------------

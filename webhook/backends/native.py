@@ -7,9 +7,9 @@ the shapes differ.
 Drift (rule 8(f)): a different `gang.minCount` is patched in place (1.37; in 1.36 it is
 immutable, so it is a recreate too); values the API server fills
 in where the desired object leaves a field unset are not drift; any other difference means
-delete and create again. A gated field (topology, claims) that the desired object sets and the
-stored one lacks was dropped by the API server because its feature gate is off: recreating
-would drop it again, forever, so that is reported instead.
+delete and create again. A field that the desired object sets and the stored one lacks was
+dropped by the API server because its feature gate is off (topology, claims, disruptionMode,
+priorityClassName...): recreating would drop it again, forever, so that is reported instead.
 
 Defaulting (its mutating webhooks): a gang template or PodGroup without `minCount` (sent as 0)
 gets the plan's, when a TrainJob controls the object.
@@ -38,6 +38,7 @@ from .base import (
     Rule,
     Uids,
     metadata,
+    pointer,
     priority_class_errors,
     spec_of,
     with_uid_test,
@@ -53,12 +54,28 @@ COMPOSITE = Kind(GROUP, "v1alpha3", "compositepodgroups", "CompositePodGroup", o
 COMPOSITE_API_VERSION = f"{GROUP}/v1alpha3"
 CONDITION = "PodGroupInitiallyScheduled"
 
-GATED_FIELDS = {
+# Fields the API server drops, without an error, from a PodGroupTemplate or a PodGroup spec
+# while their feature gate is off (1.36: pkg/registry/scheduling/*/strategy.go,
+# dropDisabled*Fields). Only to name the gate: which fields were dropped is read from what the
+# server stored (`_fields_drift`), so a field gated in a later release is caught too.
+GATES = {
     "schedulingConstraints": "TopologyAwareWorkloadScheduling",
     "resourceClaims": "DRAWorkloadResourceClaims",
+    "disruptionMode": "WorkloadAwarePreemption",
+    "priorityClassName": "WorkloadAwarePreemption",
+    "priority": "WorkloadAwarePreemption",
+    "preemptionPolicy": "PodGroupPreemptionPolicy",
 }
-# Filled in by the API server (defaults, the Priority admission plugin) when left unset.
+UNKNOWN_GATE = "unknown"
+# Filled in by the API server (defaults, the Priority admission plugin, a global-default
+# PriorityClass) when left unset.
 SERVER_FILLED = ("priority", "priorityClassName", "preemptionPolicy")
+_CHILDREN = ("compositePodGroupTemplates", "podGroupTemplates")
+# Compared on their own rules, not as plain immutable fields.
+_NOT_FIELDS = {
+    "name", "schedulingPolicy", "workloadRef", "podGroupTemplateRef",
+    "parentCompositePodGroupName", *_CHILDREN,
+}  # fmt: skip
 
 
 @functools.cache
@@ -259,7 +276,7 @@ def workload_drift(
         names = ", ".join(have_templates) or "none"
         return Drift("recreate", reason=f"the template set differs (stored: {names})")
     ops: list[dict[str, Any]] = []
-    dropped: list[str] = []
+    dropped: list[tuple[str, str]] = []
     for index, (name, template) in enumerate(want_templates.items()):
         path = f"/spec/podGroupTemplates/{index}"
         drift = _group_drift(template, have_templates[name], f"template {name!r}", shapes)
@@ -296,22 +313,35 @@ def pod_group_drift(
     return _result(actual, ops, list(drift.dropped))
 
 
-def _gated_differs(
-    want: Mapping[str, Any], have: Mapping[str, Any], dropped: list[str]
-) -> str | None:
-    """The first field behind a feature gate that differs; one that `want` sets and the server
-    dropped is added to `dropped` instead (reported, not drift, so nothing loops)."""
-    for key, gate in GATED_FIELDS.items():
-        if key in want and key not in have:
-            dropped.append(f"{key} ({gate})")
-        elif want.get(key) != have.get(key):
-            return key
-    return None
-
-
-def _filled_differs(want: Mapping[str, Any], have: Mapping[str, Any]) -> str | None:
-    """The first field the server fills in that `want` sets and the stored object differs in."""
-    return next((k for k in SERVER_FILLED if k in want and want[k] != have.get(k)), None)
+def _fields_drift(
+    want: Mapping[str, Any], have: Mapping[str, Any], what: str, default_mode: Any
+) -> Drift:
+    """The immutable fields of a template or PodGroup spec (its policy and references aside)
+    against the stored ones. A field `want` sets and the stored object lacks (absent, or null: a
+    Workload template's `schedulingConstraints` has no omitempty; or, for `disruptionMode`, the
+    server's default, which a dropped PodGroup mode reads back as) was dropped by the API
+    server, since these fields can only be set at create: a feature gate is off, and recreating
+    would drop it again, forever. That is learnt from what the server stored, whatever the field;
+    `GATES` only names the gate. A field the server fills in where `want` leaves it unset is not
+    drift either. Any other difference is."""
+    dropped: list[tuple[str, str]] = []
+    for key in sorted((set(want) | set(have)) - _NOT_FIELDS):
+        wanted, stored = want.get(key), have.get(key)
+        if wanted == stored:
+            continue
+        if stored is None or (
+            key == "disruptionMode" and stored == default_mode and wanted is not None
+        ):
+            # Dropped; a dropped mode reads back as the server's default (defaulted on read).
+            if not (key == "disruptionMode" and wanted == default_mode):
+                dropped.append((key, GATES.get(key, UNKNOWN_GATE)))
+        elif wanted is None and (
+            key in SERVER_FILLED or (key == "disruptionMode" and stored == default_mode)
+        ):
+            continue
+        else:
+            return Drift("recreate", reason=f"{what}: {key} differs")
+    return Drift(dropped=tuple(dropped))
 
 
 def _group_drift(
@@ -320,23 +350,15 @@ def _group_drift(
     """A PodGroupTemplate against a stored one, or a PodGroup spec against a stored one."""
     if set(want.get("schedulingPolicy") or {}) != set(have.get("schedulingPolicy") or {}):
         return Drift("recreate", reason=f"{what}: the scheduling policy kind differs")
-    dropped: list[str] = []
-    if (differs := _gated_differs(want, have, dropped)) is not None:
-        return Drift("recreate", reason=f"{what}: {differs} differs")
-    mode = have.get("disruptionMode")
-    if "disruptionMode" in want:
-        if want["disruptionMode"] != mode:
-            return Drift("recreate", reason=f"{what}: disruptionMode differs")
-    elif mode not in (None, shapes.default_disruption_mode):  # the server's default if unset
-        return Drift("recreate", reason=f"{what}: disruptionMode differs")
-    if (differs := _filled_differs(want, have)) is not None:
-        return Drift("recreate", reason=f"{what}: {differs} differs")
+    drift = _fields_drift(want, have, what, shapes.default_disruption_mode)
+    if drift.kind == "recreate":
+        return drift
     changed = _min_count(want) != _min_count(have)
     if changed and not shapes.min_count_mutable:
         # 1.36: only delete and create again changes it (the reconciler holds that while
         # the TrainJob has pods).
         return Drift("recreate", reason=f"{what}: gang.minCount differs (immutable in 1.36)")
-    return Drift("patch" if changed else "none", dropped=tuple(dropped))
+    return Drift("patch" if changed else "none", dropped=drift.dropped)
 
 
 def composite_drift(desired: Mapping[str, Any], actual: Mapping[str, Any]) -> Drift:
@@ -345,25 +367,16 @@ def composite_drift(desired: Mapping[str, Any], actual: Mapping[str, Any]) -> Dr
     return _immutable_drift(spec_of(desired), spec_of(actual), "the CompositePodGroup")
 
 
-_CHILDREN = ("compositePodGroupTemplates", "podGroupTemplates")
-_KNOWN = {*GATED_FIELDS, *SERVER_FILLED, "disruptionMode", *_CHILDREN}
-
-
 def _immutable_drift(want: Mapping[str, Any], have: Mapping[str, Any], what: str) -> Drift:
-    """A part of a tree against the stored one: equal, but for a gated field the server dropped
+    """A part of a tree against the stored one: equal, but for a field the server dropped
     (reported, not drift, so nothing loops) and what it fills in where `want` leaves a field
     unset. Children are matched by name, all the way down."""
-    dropped: list[str] = []
-    if (differs := _gated_differs(want, have, dropped)) is not None:
-        return Drift("recreate", reason=f"{what}: {differs} differs")
-    mode = have.get("disruptionMode")
-    if want.get("disruptionMode", {"single": {}}) != (mode or {"single": {}}):
-        return Drift("recreate", reason=f"{what}: disruptionMode differs")
-    if (differs := _filled_differs(want, have)) is not None:
-        return Drift("recreate", reason=f"{what}: {differs} differs")
-    for key in (set(want) | set(have)) - _KNOWN:
-        if want.get(key) != have.get(key):
-            return Drift("recreate", reason=f"{what}: {key} differs")
+    if want.get("schedulingPolicy") != have.get("schedulingPolicy"):
+        return Drift("recreate", reason=f"{what}: schedulingPolicy differs")
+    drift = _fields_drift(want, have, what, {"single": {}})
+    if drift.kind == "recreate":
+        return drift
+    dropped = list(drift.dropped)
     for key in _CHILDREN:
         wanted, stored = _by_name(want.get(key)), _by_name(have.get(key))
         listed = have.get(key)
@@ -376,14 +389,20 @@ def _immutable_drift(want: Mapping[str, Any], have: Mapping[str, Any], what: str
             if drift.kind == "recreate":
                 return drift
             dropped += drift.dropped
-    return Drift(dropped=tuple(dropped))
+    return Drift(dropped=_unique(dropped))
 
 
-def _result(actual: Mapping[str, Any], ops: list[dict[str, Any]], dropped: list[str]) -> Drift:
+def _unique(dropped: list[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
+    return tuple(dict.fromkeys(dropped))
+
+
+def _result(
+    actual: Mapping[str, Any], ops: list[dict[str, Any]], dropped: list[tuple[str, str]]
+) -> Drift:
     if not ops:
-        return Drift(dropped=tuple(dropped))
+        return Drift(dropped=_unique(dropped))
     drift = with_uid_test(actual, ops)
-    return Drift("patch", drift.patch, "gang.minCount differs", tuple(dropped))
+    return Drift("patch", drift.patch, "gang.minCount differs", _unique(dropped))
 
 
 def _min_count(group: Mapping[str, Any]) -> Any:
@@ -588,7 +607,15 @@ class NativeBackend:
         return 1 if kind == COMPOSITE and spec_of(obj).get("parentCompositePodGroupName") else 0
 
     def pod_patch(self, pod: JsonObject, plan: Plan, group: GroupPlan) -> list[JsonObject]:
-        return [scheduling_group_op(pod, group.pod_group_name)]
+        op = scheduling_group_op(pod, group.pod_group_name)
+        return [op] if op is not None else []
+
+    def job_patch(self, job: JsonObject, plan: Plan, group: GroupPlan) -> list[JsonObject]:
+        """A Job whose pod template names its PodGroup: the Job controller then makes no gang of
+        its own for it (WorkloadWithJob: a Job whose template has `schedulingGroup` is not a
+        candidate; KEP-5547: a parent that gangs several Jobs sets it on its child Jobs)."""
+        op = scheduling_group_op(job, group.pod_group_name, ("spec", "template"))
+        return [op] if op is not None else []
 
     def status(self, kind: Kind, obj: JsonObject) -> GangStatus | None:
         # The gang signals count groups of pods; a tree's composites are not gangs of pods.
@@ -611,12 +638,31 @@ class NativeBackend:
         return with_min_counts(kind, obj, plan)
 
 
-def scheduling_group_op(pod: Mapping[str, Any], pod_group_name: str) -> JsonObject:
-    """The one JSON Patch operation that puts a pod in a PodGroup (what jsonpatch would say)."""
+def scheduling_group_op(
+    pod: Mapping[str, Any], pod_group_name: str, at: tuple[str, ...] = ()
+) -> JsonObject | None:
+    """The one JSON Patch operation that puts a pod (or, `at` a Job's `spec/template`, the pods
+    a Job makes) in a PodGroup, what jsonpatch would say; None when it names that group."""
     value = {"podGroupName": pod_group_name}
-    spec = pod.get("spec")
+    holder: Any = pod
+    for part in at:
+        holder = holder.get(part) if isinstance(holder, dict) else None
+    if not isinstance(holder, dict):
+        return None  # no template: not an object the API server would take
+    spec = holder.get("spec")
     if not isinstance(spec, dict):
-        op = "replace" if "spec" in pod else "add"
-        return {"op": op, "path": "/spec", "value": {"schedulingGroup": value}}
+        op = "replace" if "spec" in holder else "add"
+        return {"op": op, "path": pointer(*at, "spec"), "value": {"schedulingGroup": value}}
+    if spec.get("schedulingGroup") == value:
+        return None
     op = "replace" if "schedulingGroup" in spec else "add"
-    return {"op": op, "path": "/spec/schedulingGroup", "value": value}
+    return {"op": op, "path": pointer(*at, "spec", "schedulingGroup"), "value": value}
+
+
+def scheduling_group_of(pod: Mapping[str, Any], at: tuple[str, ...] = ()) -> str | None:
+    """The PodGroup a pod (or a Job's pod template, `at`) names, if any."""
+    holder: Any = pod
+    for part in (*at, "spec", "schedulingGroup"):
+        holder = holder.get(part) if isinstance(holder, dict) else None
+    name = holder.get("podGroupName") if isinstance(holder, dict) else None
+    return name if isinstance(name, str) else None

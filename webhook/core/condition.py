@@ -123,9 +123,13 @@ REASONS: Mapping[str, ReasonDoc] = {
     ),
     FEATURE_GATE_OFF: ReasonDoc(
         "False",
-        "The API server dropped fields of its gang objects (a feature gate is off): the "
-        "message names them. The gang is made without them.",
-        "Turn the named feature gate on in the API server and the scheduler.",
+        "The API server dropped fields of its gang objects because a feature gate is off "
+        "(topology, disruptionMode, priorityClassName, resource claims): the message names "
+        "each field and its gate. The gang objects are made without them and never recreated "
+        "for it; said while the gang waits for the scheduler. Once it is scheduled the "
+        "condition is Scheduled, and its message still names the dropped fields.",
+        "Turn the named feature gate on in kube-apiserver and kube-scheduler (then delete and "
+        "create the TrainJob again to have the fields), or accept the gang without them.",
     ),
     STOOD_DOWN: ReasonDoc(
         "False",
@@ -280,17 +284,18 @@ def decide(situation: Situation, stored: Mapping[str, Any] | None, now: str) -> 
     degraded = [(g, n) for g in s.gangs if (n := g.short()) and said_before]
     if degraded:
         return _desired(DEGRADED, _degraded_message(degraded, stored, now))
-    if s.dropped is not None:
-        return _desired(FEATURE_GATE_OFF, s.dropped)
+    # Fields the API server dropped (a gate is off) are said with whatever else holds: the gang
+    # is made without them, and a scheduled gang is still scheduled.
+    also = f"; {s.dropped}" if s.dropped else ""
     gangs = [g for g in s.gangs if g.min_count is not None] or list(s.gangs)
     if all(g.scheduled for g in gangs):
         filling = [(g, n) for g in gangs if (n := g.short())]
         if filling:  # admitted, its pods still being bound: no count (a write per bind)
             return _desired(
                 WAITING_FOR_SCHEDULER,
-                f"gang {filling[0][0].name} is admitted; its pods are being bound",
+                f"gang {filling[0][0].name} is admitted; its pods are being bound{also}",
             )
-        return _desired(SCHEDULED, _scheduled_message(gangs))
+        return _desired(SCHEDULED, _scheduled_message(gangs) + also)
     if s.infeasible is not None:
         return _desired(INFEASIBLE, f"can never fit as configured: {s.infeasible}")
     waiting = [g for g in gangs if not g.scheduled]
@@ -307,12 +312,14 @@ def decide(situation: Situation, stored: Mapping[str, Any] | None, now: str) -> 
             )
             if reason == WAITING_FOR_CAPACITY:
                 text = f"waiting for capacity: {text}" if said else f"{text} does not fit now"
-            return _desired(reason, text + _more(waiting))
-    return _desired(
-        WAITING_FOR_SCHEDULER,
+            return _desired(reason, text + _more(waiting) + also)
+    waits = (
         f"gang {waiting[0].name} is waiting for the scheduler (its pods are being created or "
-        f"have not been judged yet){_more(waiting)}",
+        f"have not been judged yet){_more(waiting)}"
     )
+    if s.dropped:  # nothing else to say yet: the dropped fields come first
+        return _desired(FEATURE_GATE_OFF, f"{s.dropped}; {waits}")
+    return _desired(WAITING_FOR_SCHEDULER, waits)
 
 
 def _desired(reason: str, message: str) -> Desired:

@@ -103,8 +103,9 @@ class Cache:
         # Fed by the Node watch; not needed for readiness (feasibility waits for it quietly).
         self.feasibility = Feasibility()
         self.nodes = self.feasibility.summary
-        # The username the service's own API requests carry (`--service-account`): the only
-        # requester whose writes of a TrainJob's runtime snapshot are allowed; empty: no one's.
+        # The username the service's own API requests carry (`--service-account`, else learned
+        # at start): the only requester whose writes of a TrainJob's runtime snapshot are
+        # allowed; empty: no one's.
         self.service_username = ""
         if not connected:
             for store in (*self.stores, *self.gang_stores.values()):
@@ -168,6 +169,21 @@ class Cache:
         return self.api(backend) == "served" and all(
             self.store(k).synced for k in backend.kinds if self.kind_served(k)
         )
+
+    def unlisted_gang_stores(self) -> list[Store]:
+        """The stores of the gang kinds discovery found served whose objects are not listed."""
+        return [
+            self.store(kind)
+            for backend in self.backends.backends
+            if self.api(backend) == "served"
+            for kind in backend.kinds
+            if self.kind_served(kind) and not self.store(kind).synced
+        ]
+
+    def gangs_listed(self) -> bool:
+        """Discovery has said which gang kinds are served, and the objects of each served one
+        are listed: what the cache says of gang objects is the cluster's."""
+        return self.discovered() and not self.unlisted_gang_stores()
 
     @property
     def synced(self) -> bool:

@@ -39,6 +39,16 @@ NODES_FORBIDDEN = (
     " (the service may not list and watch nodes: feasibility at admission stays off until it"
     " may; grant it, or run with --feasibility=off)"
 )
+POD_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
+
+
+def uses_pod_token(
+    kubeconfig: str | None, environ: Mapping[str, str] | None = None, token: Path = POD_TOKEN
+) -> bool:
+    """Whether `connect` authenticates with the pod's ServiceAccount token: in a pod, unless a
+    kubeconfig is named."""
+    env = os.environ if environ is None else environ
+    return not kubeconfig and bool(env.get("KUBERNETES_SERVICE_HOST")) and token.exists()
 
 
 async def connect(
@@ -52,10 +62,7 @@ async def connect(
     if kubeconfig:
         await load_file(config_file=kubeconfig, client_configuration=cfg)
         source = kubeconfig
-    elif (
-        env.get("KUBERNETES_SERVICE_HOST")
-        and Path("/var/run/secrets/kubernetes.io/serviceaccount/token").exists()
-    ):
+    elif uses_pod_token(kubeconfig, env):
         load_incluster: Any = kube_config.load_incluster_config
         load_incluster(client_configuration=cfg)
         source = "in-cluster"

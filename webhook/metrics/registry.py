@@ -36,7 +36,7 @@ DECISIONS = ("allowed", "patched", "denied", "errored")
 HELD_REASONS = (
     "TrainJobNotCached",  # the TrainJob exists (a live read says) but is not in this cache yet
     "NotFrozen",  # no runtime snapshot yet while its runtime has scheduling
-    "GangApiUnavailable",  # the gang API is not served, or discovery has not said yet
+    "GangApiUnavailable",  # the gang API is not served, not known yet, or not listed yet
     "SchedulerMismatch",  # the pod names another scheduler than its gang's
     "PodGroupTerminating",  # the PodGroup it would name is being deleted
     "PodGroupNotOurs",  # the PodGroup it would name was not made by this service for it
@@ -220,6 +220,14 @@ class Metrics:
             "creates nothing for them).",
             registry=r,
         )
+        self.gang_fields_dropped = Gauge(
+            "trainjob_scheduling_gang_fields_dropped",
+            "TrainJobs whose gang objects lack a field the service set, because the API server "
+            "dropped it (its feature gate is off), by kind, field and gate. The gang is made "
+            "without it; nothing is recreated for it.",
+            ["kind", "field", "gate"],
+            registry=r,
+        )
         self.gangs_degraded = Gauge(
             "trainjob_scheduling_gangs_degraded",
             "Gangs admitted that now have fewer live pods than their minCount (lost to eviction, "
@@ -244,6 +252,13 @@ class Metrics:
             "Pods of a TrainJob whose runtime schedules gangs, admitted without a "
             "schedulingGroup (no gang for them, on purpose), by reason.",
             ["reason"],
+            registry=r,
+        )
+        self.pods_regrouped = Counter(
+            "trainjob_scheduling_pods_regrouped",
+            "Pods of a ganged TrainJob that came naming another PodGroup (the Job controller's "
+            "own per-Job gang, WorkloadWithJob, for a Job created while this service could not "
+            "mark it) and were tied to their TrainJob's gang instead.",
             registry=r,
         )
         for reason in HELD_REASONS:

@@ -57,6 +57,8 @@ class WebhookMeter:
                 self.metrics.untied(decision.untied)
             else:
                 self.metrics.held(decision.untied)
+        if decision.regrouped:
+            self.metrics.pods_regrouped.inc()
 
     def _decision(self, operation: str, decision: str) -> Counter:
         key = (operation, decision)

@@ -25,6 +25,9 @@ class Changes:
         self._about: JsonObject | None = None
         self._done: dict[tuple[str, str], list[str]] = {}  # (reason, action) -> what was done
         self.outcome: Outcome | None = None  # what the pass found, for the TrainJob's condition
+        # (kind, field, gate) the API server dropped from the gang objects the pass looked at;
+        # None when it looked at none.
+        self.dropped: set[tuple[str, str, str]] | None = None
 
     def add(self, trainjob: JsonObject, reason: str, action: str, what: str) -> None:
         self._about = trainjob

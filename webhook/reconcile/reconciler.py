@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from kubernetes.aio.client.exceptions import ApiException
 
 from ..backends.base import Context, Drift, GangBackend, Kind, expresses, is_managed
+from ..backends.native import UNKNOWN_GATE
 from ..core.fields import parse
 from ..core.lifecycle import is_finished, no_gang_reason, runs_elsewhere
 from ..core.ownership import controlled_by, controller_ref, is_trainjob_ref
@@ -52,6 +53,7 @@ EXPECTATION_TTL = 30.0  # seconds a created object stands in for its missing wat
 # an earlier TrainJob's of the same name (the garbage collector deletes them within seconds).
 PREDECESSOR_GRACE = 30.0
 JsonObject = dict[str, Any]
+Dropped = tuple[str, str, str]  # (kind, field, gate)
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,12 @@ class Reconciler:
         self._waiting: dict[tuple[str, str, str], set[Key]] = {}  # runtime -> TrainJobs
         self._waits: dict[Key, int] = {}  # TrainJob -> passes in a row that ended waiting
         self.stood_down: set[Key] = set()  # TrainJobs another controller schedules
+        # Fields the API server dropped from a TrainJob's gang objects, as (kind, field, gate):
+        # what the last pass saw, what its Events have said, and what the log has said at all.
+        self.dropped: dict[Key, frozenset[Dropped]] = {}
+        self._dropped_said: dict[Key, frozenset[Dropped]] = {}
+        self._dropped_logged: set[Dropped] = set()
+        self._dropped_series: set[Dropped] = set()
         self.without_backend: dict[str, set[Key]] = {}  # backend -> TrainJobs its API would serve
         cache.trainjobs.subscribe(self._trainjob_changed)
         for kind, store in cache.gang_stores.items():
@@ -205,6 +213,8 @@ class Reconciler:
             result = await self._reconcile(key, changes)
         finally:  # also after a failure part way: what was done is told
             changes.record(self.events)
+            if changes.dropped is None:  # no gang objects looked at: none lack a field
+                self.dropped.pop(key, None)
         if result.wait:
             waited = self._waits.get(key, 0)
             self._waits[key] = waited + 1
@@ -295,7 +305,11 @@ class Reconciler:
             _blocked(changes, self.events, raw, "StandingDown", note)
             return DONE
         changes.outcome = Outcome(plan=plan, backend=backend, trainjob=trainjob, runtime=runtime)
-        return await self._converge(raw, plan, backend, changes)
+        changes.dropped = set()
+        try:
+            return await self._converge(raw, plan, backend, changes)
+        finally:
+            self._say_dropped(key, raw, changes)
 
     async def _elsewhere(
         self, key: Key, raw: JsonObject, trainjob: TrainJob, changes: Changes
@@ -365,6 +379,8 @@ class Reconciler:
         self._snapshots.pop(key, None)
         self._waits.pop(key, None)
         self.stood_down.discard(key)
+        self.dropped.pop(key, None)
+        self._dropped_said.pop(key, None)
         for keys in self.without_backend.values():
             keys.discard(key)
         if self.status is not None:
@@ -553,6 +569,7 @@ class Reconciler:
                         return Result(self.settings.conflict_retry)
                     if stored is None:
                         return WAIT
+                    _collect_dropped(changes, kind, backend.drift(desired, stored))
                 else:
                     wait = self._check_ours(trainjob, kind, stored, uid, changes)
                     if wait is not None:
@@ -623,14 +640,7 @@ class Reconciler:
         self, trainjob: JsonObject, kind: Kind, stored: JsonObject, drift: Drift, changes: Changes
     ) -> Result | None:
         meta = _meta(stored)
-        if drift.dropped:
-            note = (
-                f"the API server dropped {', '.join(drift.dropped)} from {kind.kind} "
-                f"{meta.get('name')!r}: enable the feature gate; not recreating it"
-            )
-            changes.warn(self.events, trainjob, "FeatureGateOff", "Reconcile", note)
-            if changes.outcome is not None:
-                changes.outcome.dropped = note
+        _collect_dropped(changes, kind, drift)
         if drift.kind == "patch":
             try:
                 await self.writer.json_patch(
@@ -722,6 +732,33 @@ class Reconciler:
     def _owned(self, uid: str) -> bool:
         return any(self.cache.owned(kind, uid) for kind in self.kinds)
 
+    def _say_dropped(self, key: Key, trainjob: JsonObject, changes: Changes) -> None:
+        """What the API server dropped from this TrainJob's gang objects: in its condition on
+        every pass (it stays so), in one Warning Event per field it had not said yet for this
+        TrainJob, and in the log once per kind and field for the whole cluster."""
+        found = frozenset(changes.dropped or ())
+        if found:
+            self.dropped[key] = found
+        else:
+            self.dropped.pop(key, None)
+        if not found:
+            return
+        note = dropped_note(found)
+        if changes.outcome is not None:
+            changes.outcome.dropped = note
+        said = self._dropped_said.get(key, frozenset())
+        if not found <= said:
+            self._dropped_said[key] = said | found
+            changes.warn(self.events, trainjob, "FeatureGateOff", "Reconcile", note)
+        for item in sorted(found - self._dropped_logged):
+            self._dropped_logged.add(item)
+            kind, name, gate = item
+            log.warning(
+                "the API server drops a field of the gang objects: a feature gate is off",
+                extra={"fields": {"kind": kind, "field": name, "gate": gate,
+                                  "trainjob": "/".join(key)}},
+            )  # fmt: skip
+
     # --- what puts keys on the queue -----------------------------------------------------------
 
     def _trainjob_changed(
@@ -801,6 +838,15 @@ class Reconciler:
         if m is None:
             return
         m.trainjobs_stood_down.set(len(self.stood_down))
+        counts: dict[Dropped, int] = {}
+        for found in self.dropped.values():
+            for item in found:
+                counts[item] = counts.get(item, 0) + 1
+        self._dropped_series |= set(counts)
+        for kind, name, gate in self._dropped_series:  # a series once seen goes back to 0
+            m.gang_fields_dropped.labels(kind=kind, field=name, gate=gate).set(
+                counts.get((kind, name, gate), 0)
+            )
         for name in self.backends.names:
             m.trainjobs_without_backend.labels(backend=name).set(
                 len(self.without_backend.get(name, ()))
@@ -814,6 +860,28 @@ class Reconciler:
         m.reconcile_time.labels(controller=CONTROLLER).observe(self.clock() - started)
         if result == "error":
             m.reconcile_errors.labels(controller=CONTROLLER).inc()
+
+
+def _collect_dropped(changes: Changes, kind: Kind, drift: Drift) -> None:
+    if changes.dropped is not None:
+        changes.dropped.update((kind.kind, name, gate) for name, gate in drift.dropped)
+
+
+def dropped_note(found: frozenset[Dropped]) -> str:
+    """What the API server dropped, by field: its gate, and the kinds it was dropped from."""
+    by_field: dict[tuple[str, str], list[str]] = {}
+    for kind, name, gate in sorted(found):
+        by_field.setdefault((name, gate), []).append(kind)
+    said = [
+        f"{name} from its {' and '.join(kinds)}"
+        + (" (feature gate unknown)" if gate == UNKNOWN_GATE else f" (feature gate {gate} is off)")
+        for (name, gate), kinds in by_field.items()
+    ]
+    return (
+        f"the API server dropped {'; '.join(said)}: its gang is made without "
+        f"{'them' if len(said) > 1 else 'it'}; turn the gate on in kube-apiserver and "
+        "kube-scheduler to have it"
+    )
 
 
 def _blocked(

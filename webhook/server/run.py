@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import gc
 import logging
 import math
@@ -32,7 +33,14 @@ from ..backends.kai import KaiSettings
 from ..backends.registry import default_backends
 from ..backends.volcano import VolcanoSettings
 from ..kube.cache import Cache, GangApi, Store
-from ..kube.client import connect, informers, kind_informers, node_informer, pod_informers
+from ..kube.client import (
+    connect,
+    informers,
+    kind_informers,
+    node_informer,
+    pod_informers,
+    uses_pod_token,
+)
 from ..kube.discovery import BackendApiWatch
 from ..kube.events import EventRecorder
 from ..kube.feasibility import Mode
@@ -40,6 +48,8 @@ from ..kube.gangpods import GangPods
 from ..kube.leader import LeaderElector, LeaseSettings
 from ..kube.lookup import TrainJobLookup, api_ask
 from ..kube.metered import MeteredApiClient
+from ..kube.whoami import TIMEOUT as WHOAMI_TIMEOUT
+from ..kube.whoami import WhoAmIError, who_am_i
 from ..kube.writer import ApiWriter, WriterSettings
 from ..metrics.app import Checker, MetricsApp, NoCluster
 from ..metrics.auth import Authorizer, AuthSettings
@@ -92,7 +102,7 @@ class Settings:
     kubeconfig: str | None = None
     namespace: str = ""  # the service's own (the Lease's); empty: the pod's, else "default"
     # The username the service's API requests carry: only it may write a TrainJob's runtime
-    # snapshot. Empty: the pod's ServiceAccount (from its token), else no one (see own_username).
+    # snapshot. Empty: learned at start (see learn_username).
     service_account: str = ""
     cert_poll_seconds: float = 5.0
     header_timeout: float = 10.0  # a request's headers must arrive within this (slowloris)
@@ -132,6 +142,40 @@ def _server(
 
 def _synced(store: Store) -> Callable[[], bool]:
     return lambda: store.synced
+
+
+class GangReadiness:
+    """Readiness at start waits for discovery, and for the objects of every gang kind it found
+    served: until they are listed, the pod webhook could tie a pod to a PodGroup it believes
+    absent that is Terminating or someone else's. A kind not served waits for nothing (a cluster
+    without Volcano's CRDs is ready).
+
+    Met once, it stays met. A kind served later (a CRD installed, the native API's version
+    switched) does not take the replica out of its Service, which would stop the pods of every
+    other backend too; the pod webhook holds only that backend's pods until its objects are
+    listed, as controller-runtime makes a read of an informer started late wait for its sync
+    rather than failing the manager's readiness."""
+
+    def __init__(self, cache: Cache) -> None:
+        self.cache = cache
+        self.met = False
+
+    def checks(self) -> dict[str, Callable[[], bool]]:
+        """`discovery`, then one check per gang kind, named as the caches' (`cache:<store>`)."""
+        checks: dict[str, Callable[[], bool]] = {"discovery": self._discovered}
+        for store in self.cache.gang_stores.values():
+            checks[f"cache:{store.resource}"] = functools.partial(self._listed, store)
+        return checks
+
+    def _discovered(self) -> bool:
+        return self._met() or self.cache.discovered()
+
+    def _listed(self, store: Store) -> bool:
+        return self._met() or store not in self.cache.unlisted_gang_stores()
+
+    def _met(self) -> bool:
+        self.met = self.met or self.cache.gangs_listed()
+        return self.met
 
 
 class Service:
@@ -253,8 +297,8 @@ def own_namespace(configured: str, environ: Mapping[str, str] | None = None) -> 
 
 def own_username(configured: str, token: Path = SERVICE_ACCOUNT_TOKEN) -> str:
     """--service-account, else the ServiceAccount of the pod the service runs in (its token's
-    `sub` claim, `system:serviceaccount:<namespace>:<name>`), else empty: outside a pod the
-    service cannot know whom the kubeconfig authenticates, so no one may write a snapshot."""
+    `sub` claim, `system:serviceaccount:<namespace>:<name>`), else empty: what is known without
+    asking the API server (`learn_username` asks it)."""
     if configured:
         return configured
     try:
@@ -266,6 +310,50 @@ def own_username(configured: str, token: Path = SERVICE_ACCOUNT_TOKEN) -> str:
     if isinstance(subject, str) and subject.startswith("system:serviceaccount:"):
         return subject
     return ""
+
+
+async def learn_username(
+    configured: str,
+    api: ApiClient | None,
+    pod_token: bool,
+    token: Path = SERVICE_ACCOUNT_TOKEN,
+    timeout: float = WHOAMI_TIMEOUT,
+) -> str:
+    """The username the service's API requests carry, said once in the log: --service-account;
+    else, when the client authenticates with the pod's ServiceAccount token (`pod_token`), that
+    token's subject; else the API server's answer to a SelfSubjectReview, the truth for whatever
+    credential the kubeconfig holds; else, that failing, as `own_username` (the pod's token,
+    else empty: no one may write a snapshot)."""
+    username, source = configured, "--service-account"
+    if not username and pod_token:
+        # The client sends this very token, and the API server authenticates a ServiceAccount
+        # token as its subject: the same answer, without a start-up request or waiting on it.
+        username, source = own_username("", token), "the pod's ServiceAccount token"
+    if not username and api is not None:
+        try:
+            username, source = await who_am_i(api, timeout), "SelfSubjectReview"
+        except WhoAmIError as err:
+            username, source = own_username("", token), "the pod's ServiceAccount token"
+            consequence = (
+                "trusting the pod's ServiceAccount instead"
+                if username
+                else "the TrainJob webhook denies every write of the runtime snapshot, this "
+                "service's own included, so TrainJobs of a scheduling runtime get no gang"
+            )
+            log.warning(
+                "the API server did not say who this service is (SelfSubjectReview): "
+                f"{consequence}; set --service-account to the username the kubeconfig "
+                "authenticates as (kubectl auth whoami)",
+                extra={"fields": {"error": str(err)}},
+            )
+    elif not username:  # no cluster: no API server sends reviews, nothing to warn of
+        username, source = own_username("", token), "the pod's ServiceAccount token"
+    if username:
+        log.info(
+            "runtime snapshots are written only by this service",
+            extra={"fields": {"username": username, "from": source}},
+        )
+    return username
 
 
 def identity(environ: Mapping[str, str] | None = None) -> str:
@@ -408,18 +496,9 @@ async def serve(settings: Settings) -> None:
     cache.feasibility.mode = settings.feasibility
     if api is not None:
         cache.trainjob_lookup = TrainJobLookup(api_ask(api))
-    cache.service_username = own_username(settings.service_account)
-    if cache.service_username:
-        log.info(
-            "runtime snapshots are written only by this service",
-            extra={"fields": {"username": cache.service_username}},
-        )
-    elif api is not None:  # (without a cluster no API server sends reviews from it)
-        log.warning(
-            "no --service-account and no pod ServiceAccount token: the TrainJob webhook denies "
-            "every write of the runtime snapshot, this service's own included (set "
-            "--service-account to the username the kubeconfig authenticates as)"
-        )
+    cache.service_username = await learn_username(
+        settings.service_account, api, uses_pod_token(settings.kubeconfig)
+    )
     GangTracker(metrics, cache)
     FeasibilityCollector(metrics, cache)
     authorizer: Checker | None = None
@@ -433,8 +512,8 @@ async def serve(settings: Settings) -> None:
         else:
             authorizer = Authorizer(api, settings.metrics_auth)
     checks = dict(certs.checks)
-    if api is not None:  # which gangs can be made is known once discovery has said
-        checks["discovery"] = cache.discovered
+    if api is not None:  # which gangs can be made, and which exist, is known once listed
+        checks.update(GangReadiness(cache).checks())
     service = Service(settings, cache, tls, metrics=metrics, authorizer=authorizer, checks=checks)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
