@@ -589,6 +589,10 @@ EVENT_MEANING = {
     "DriftHeld": "a gang object differs from the plan on an immutable field while the "
     "TrainJob's pods use it: not recreated until no pod is left",
     "TrainJobDeleting": "the TrainJob is being deleted: nothing is made for it",
+    "PlanVersionUnknown": "its plan was frozen by a newer release (a rollback): hands off, its "
+    "gang objects left as they are, its pods held",
+    "InvalidSnapshot": "its runtime snapshot does not parse: hands off, its gang objects left "
+    "as they are",
     "MixedSchedulingGroup": "its pods already ran without a group when its runtime gained "
     "`spec.scheduling`: frozen without a gang, never half-grouped",
 }

@@ -174,6 +174,29 @@ def test_a_restart_attempt_that_is_not_a_count_is_held(server: RunningServer) ->
             held(answer(client, review(attempt=bad)), "is not a restart count")
 
 
+def test_a_pod_of_a_trainjob_being_deleted_is_held_and_counted(server: RunningServer) -> None:
+    """A foreground delete keeps the TrainJob while its Jobs still make pods: none is let loose,
+    none tied to a gang that is not made again."""
+    freeze(server.cache)
+    raw = trainjob_raw(server.cache)
+    raw["metadata"]["deletionTimestamp"] = "2026-12-06T00:00:00Z"
+    server.cache.trainjobs.replace([raw])
+    with server.client() as client:
+        held(answer(client, review()), "the TrainJob is being deleted")
+    assert counted(server, "trainjob_scheduling_pods_held", "TrainJobDeleting") == 1
+
+
+def test_a_plan_a_newer_release_froze_is_hands_off(server: RunningServer) -> None:
+    """A rollback leaves snapshots of a plan version this release does not know: its pods are
+    held, never tied by rules that would guess; an unreadable snapshot too."""
+    freeze(server.cache, '{"planVersion": 99, "runtime": {"future": true}}')
+    with server.client() as client:
+        held(answer(client, review()), "frozen by a newer release (plan version 99")
+        assert counted(server, "trainjob_scheduling_pods_held", "PlanVersionUnknown") == 1
+        freeze(server.cache, "{not json")
+        held(answer(client, review()), "the runtime snapshot does not parse")
+
+
 def pod_group(name: str, uid: str, labelled: bool = True, **meta: Any) -> dict[str, Any]:
     """A PodGroup named `name`, controlled by the TrainJob with `uid` ("": by nothing)."""
     owner = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "name": NAME,

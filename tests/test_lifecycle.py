@@ -394,6 +394,40 @@ async def test_a_trainjob_being_deleted_gets_nothing_made(tmp_path: Path) -> Non
         assert not events(s.k, "Created")
 
 
+# --- a rollback: a plan a newer release froze ----------------------------------------------------
+
+
+async def test_a_plan_a_newer_release_froze_is_left_exactly_as_it_is(tmp_path: Path) -> None:
+    """A newer release froze a plan version this one does not know, then was rolled back: this
+    release neither re-plans it (new names would delete the running gang's PodGroups) nor
+    overwrites the snapshot; it says so and leaves every object alone."""
+    async with cluster(tmp_path) as (s, jobs):
+        _, group = await a_running_gang(s, jobs)
+        newer = '{"planVersion": 99, "runtime": {"spec": {"whatever": "comes next"}}}'
+        await patch(s.k, TRAINJOBS, NS, NAME,
+                    {"metadata": {"annotations": {SNAPSHOT_ANNOTATION: newer}}})  # fmt: skip
+        objects = (
+            (WORKLOADS, group["spec"]["workloadRef"]["workloadName"]),
+            (POD_GROUPS, group["metadata"]["name"]),  # (level 1: the same name)
+        )
+        before = {
+            (kind, name): (stored(s.k, kind, name) or {}).get("metadata", {}).get("uid")
+            for kind, name in objects
+        }
+        s.reconciler.resync()
+        condition = await condition_reason(s.k, cond.PLAN_VERSION_UNKNOWN)
+        assert "plan version 99" in condition["message"]
+        tj = stored(s.k, TRAINJOBS, NAME) or {}
+        assert tj["metadata"]["annotations"][SNAPSHOT_ANNOTATION] == newer  # not overwritten
+        for kind, name in objects:
+            now = stored(s.k, kind, name)
+            assert now is not None and now["metadata"]["uid"] == before[(kind, name)], name
+        assert not events(s.k, "Deleted")
+        # A new pod of its Jobs is held, not tied by rules that would guess.
+        assert await jobs.create_pod(0) is None
+        assert "frozen by a newer release" in jobs.held[-1]
+
+
 # --- drift on an immutable field while the gang runs ---------------------------------------------
 
 

@@ -680,13 +680,13 @@ async def test_writes_whose_answers_nobody_reads_still_fail_as_the_api_server_sa
     async with world() as w:
         writer = ApiWriter(w.api)
         with pytest.raises(ApiException) as gone:
-            await writer.snapshot_runtime(NS, "no-such-trainjob", "uid-1", "{}")
+            await writer.snapshot_runtime(NS, "no-such-trainjob", "uid-1", "{}", None)
         assert gone.value.status == 404 and "not found" in str(gone.value.body)
         await create(w.k, TRAINJOBS, trainjob())
         tj = await eventually(lambda: stored(w.k, TRAINJOBS, NAME), "the TrainJob")
         with pytest.raises(ApiException) as other:  # a uid the stored TrainJob does not have
-            await writer.snapshot_runtime(NS, NAME, "another-uid", "{}")
+            await writer.snapshot_runtime(NS, NAME, "another-uid", "{}", None)
         assert other.value.status in (409, 422)
-        await writer.snapshot_runtime(NS, NAME, uid(tj), "{}")
+        await writer.snapshot_runtime(NS, NAME, uid(tj), "{}", tj["metadata"]["resourceVersion"])
         after = stored(w.k, TRAINJOBS, NAME)
         assert after is not None and after["metadata"]["annotations"][SNAPSHOT_ANNOTATION] == "{}"

@@ -67,7 +67,7 @@ async def served_trainjob(k: Any, api: Any, name: str, *, ours: bool = True) -> 
     if ours:
         uid = made["metadata"]["uid"]
         writer = ApiWriter(api)
-        await writer.snapshot_runtime(NS, name, uid, '{"spec": {}}')
+        await writer.snapshot_runtime(NS, name, uid, '{"spec": {}}', None)
         await writer.apply_condition(NS, name, dict(OURS))
         owner = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
                  "name": name, "uid": uid, "controller": True}  # fmt: skip

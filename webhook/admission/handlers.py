@@ -309,6 +309,7 @@ _HELD_FOR = {
     "unfrozen": "NotFrozen",
     "no-runtime": "RuntimeNotFound",
     "invalid": "InvalidPlan",
+    "unknown-version": "PlanVersionUnknown",
     "finished": "TrainJobFinished",
 }
 
@@ -344,6 +345,11 @@ def mutate_pod_review(review: Review, cache: Cache) -> Decision | Awaitable[Deci
     lookup = cache.plan_for(namespace, trainjob)
     if lookup.state == "no-trainjob":
         return _not_cached(namespace, trainjob, lookup.detail, cache)
+    if lookup.plan is not None and cache.deleting(namespace, trainjob):
+        # A foreground delete (or another controller's finalizer) keeps the TrainJob while its
+        # JobSet's Jobs still make pods; its gang objects are not remade, so a pod tied now
+        # would wait for ever, and one let through would run loose.
+        return held("TrainJobDeleting", "the TrainJob is being deleted")
     assert isinstance(labels, dict)
     return _tie(pod, labels, lookup, cache)
 

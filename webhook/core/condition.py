@@ -49,6 +49,7 @@ PODS_UNTIED = "PodsUntied"
 POD_GROUP_CLEANUP_BLOCKED = "PodGroupCleanupBlocked"
 DRIFT_HELD = "DriftHeld"
 TRAINJOB_DELETING = "TrainJobDeleting"
+PLAN_VERSION_UNKNOWN = "PlanVersionUnknown"
 
 
 @dataclass(frozen=True)
@@ -191,6 +192,15 @@ REASONS: Mapping[str, ReasonDoc] = {
         "another controller's finalizer holds it): nothing is created for it.",
         "Nothing; if the deletion hangs, see which finalizer the TrainJob still carries.",
     ),
+    PLAN_VERSION_UNKNOWN: ReasonDoc(
+        "False",
+        "Its plan was frozen by a newer release of this service (its runtime snapshot names a "
+        "plan version this release does not know: a rollback). Hands off: its gang objects are "
+        "left exactly as they are, nothing is made or removed, and its pods are held "
+        "(`PlanVersionUnknown`) rather than tied by rules that would guess.",
+        "Run the release that froze it (roll forward), or delete and create the TrainJob "
+        "again to have it planned by this one.",
+    ),
 }
 
 # The reconciler's Event reasons that stop a TrainJob short of its gang, and what they become.
@@ -208,6 +218,8 @@ FROM_EVENT: Mapping[str, str] = {
     "PodGroupCleanupBlocked": POD_GROUP_CLEANUP_BLOCKED,
     "DriftHeld": DRIFT_HELD,
     "TrainJobDeleting": TRAINJOB_DELETING,
+    "PlanVersionUnknown": PLAN_VERSION_UNKNOWN,
+    "InvalidSnapshot": INVALID_RUNTIME,
 }
 
 # --- what is known of a TrainJob --------------------------------------------------------------

@@ -80,6 +80,17 @@ def from_text(text: str) -> Frozen | None:
     return Frozen(version, runtime) if runtime is not None else None
 
 
+def newer_version(text: str) -> int | None:
+    """The plan version of a snapshot a newer release wrote (one this release cannot read; a
+    rollback leaves them): whatever it froze is left alone. None for any other snapshot."""
+    try:
+        raw = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return None
+    version = raw.get("planVersion") if isinstance(raw, dict) else None
+    return version if type(version) is int and version > PLAN_VERSION else None
+
+
 def snapshot_of(trainjob_raw: Mapping[str, Any]) -> str | None:
     """The raw annotation value on a stored TrainJob, if any."""
     meta = trainjob_raw.get("metadata")

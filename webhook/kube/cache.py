@@ -18,7 +18,7 @@ from ..core.kept import finished
 from ..core.lifecycle import MULTIKUEUE
 from ..core.memo import Memo
 from ..core.plan import Plan, PlanningError, build_plan
-from ..core.snapshot import Frozen, from_text, snapshot_of
+from ..core.snapshot import PLAN_VERSION, Frozen, from_text, newer_version, snapshot_of
 from ..core.trainer import CLUSTER_RUNTIME_KIND, NAMESPACED_RUNTIME_KIND, Runtime, TrainJob
 from ..core.validation import CheckedRuntime, Verdict, check_stored_runtime
 from .feasibility import Feasibility
@@ -45,6 +45,7 @@ class PlanLookup:
         "frozen-no-gang",
         "elsewhere",
         "invalid",
+        "unknown-version",
         "finished",
     ]
     """`unfrozen`: the runtime schedules but the reconciler has not frozen it into the TrainJob
@@ -200,6 +201,12 @@ class Cache:
         entry = self._runtime_entry(kind, namespace, name)
         return None if entry is None else _checked_runtime(entry)
 
+    def deleting(self, namespace: str, name: str) -> bool:
+        """Whether the cached TrainJob is being deleted (it has a deletionTimestamp)."""
+        entry = self.trainjobs.get(namespace, name)
+        meta = entry.raw.get("metadata") if entry is not None else None
+        return isinstance(meta, dict) and bool(meta.get("deletionTimestamp"))
+
     def plan_for(self, namespace: str, name: str) -> PlanLookup:
         """The plan of TrainJob namespace/name under the runtime snapshot the reconciler froze
         into it (`core/snapshot.py`). Without a snapshot there is no plan yet: `unfrozen` when
@@ -235,6 +242,13 @@ class Cache:
     def _plan_frozen(self, namespace: str, name: str, raw: Any, frozen: str) -> PlanLookup:
         read = self.snapshot_runtime(frozen)
         if read is None:
+            newer = newer_version(frozen)
+            if newer is not None:
+                detail = (
+                    f"its plan was frozen by a newer release (plan version {newer}; this one "
+                    f"knows up to {PLAN_VERSION}): left as it is"
+                )
+                return PlanLookup("unknown-version", detail=detail)
             return PlanLookup("invalid", detail="the runtime snapshot does not parse")
         version, checked = read
         if checked is None:

@@ -174,25 +174,35 @@ class ApiWriter:
         )  # fmt: skip
         return patched
 
-    async def snapshot_runtime(self, namespace: str, name: str, uid: str, value: str) -> None:
+    async def snapshot_runtime(
+        self, namespace: str, name: str, uid: str, value: str, resource_version: str | None
+    ) -> None:
         """Writes the runtime snapshot annotation on a TrainJob with a merge patch (other
-        annotations stay). The uid in the patch keeps it off a TrainJob recreated under the same
-        name: the API server refuses to change a uid (422 Invalid; 404 if the name is gone)."""
-        await self._patch_snapshot(namespace, name, uid, value)
+        annotations stay). Preconditions: the uid keeps it off a TrainJob recreated under the
+        same name (the API server refuses to change a uid: 422 Invalid; 404 if the name is gone),
+        and the resourceVersion the writer decided from (409 Conflict if the TrainJob changed
+        since: two briefly overlapping leaders never overwrite each other's snapshot)."""
+        await self._patch_snapshot(namespace, name, uid, value, resource_version)
 
-    async def remove_snapshot(self, namespace: str, name: str, uid: str) -> None:
+    async def remove_snapshot(
+        self, namespace: str, name: str, uid: str, resource_version: str | None
+    ) -> None:
         """Removes the runtime snapshot annotation (a merge patch setting it to null), under the
-        same uid guard: from a TrainJob that must have none (one MultiKueue dispatches)."""
-        await self._patch_snapshot(namespace, name, uid, None)
+        same preconditions: from a TrainJob that must have none (one MultiKueue dispatches)."""
+        await self._patch_snapshot(namespace, name, uid, None, resource_version)
 
-    async def _patch_snapshot(self, namespace: str, name: str, uid: str, value: str | None) -> None:
+    async def _patch_snapshot(
+        self, namespace: str, name: str, uid: str, value: str | None, resource_version: str | None
+    ) -> None:
         r = TRAINJOBS
-        body = {"metadata": {"uid": uid, "annotations": {SNAPSHOT_ANNOTATION: value}}}
+        meta: JsonObject = {"uid": uid, "annotations": {SNAPSHOT_ANNOTATION: value}}
+        if resource_version:
+            meta["resourceVersion"] = resource_version
         # The answer (the whole TrainJob, snapshot and all) is read but not decoded: nothing
         # reads it; an error status still raises ApiException.
         response = await self._gang(
             self.objects.patch_namespaced_custom_object_without_preload_content,
-            r.group, r.version, namespace, r.plural, name, body,
+            r.group, r.version, namespace, r.plural, name, {"metadata": meta},
             _content_type="application/merge-patch+json",
         )  # fmt: skip
         await body_of(response)

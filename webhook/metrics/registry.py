@@ -43,6 +43,8 @@ HELD_REASONS = (
     "LookupFailed",  # the TrainJob is not cached and the API server could not be asked
     "RuntimeNotFound",  # no snapshot yet and its runtime is not in the cache
     "InvalidPlan",  # its frozen runtime does not plan
+    "PlanVersionUnknown",  # a newer release froze its plan (a rollback): hands off
+    "TrainJobDeleting",  # its TrainJob is being deleted: no gang is made for it again
     "GangKindUnavailable",  # a tree its backend or the cluster cannot make
     "InvalidLabels",  # its restart-attempt label is not a count
     "TrainJobFinished",  # its TrainJob has finished: its gang was released

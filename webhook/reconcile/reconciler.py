@@ -30,7 +30,7 @@ from ..core.fields import parse
 from ..core.lifecycle import is_finished, no_gang_reason, runs_elsewhere
 from ..core.ownership import controlled_by, controller_ref, is_trainjob_ref
 from ..core.plan import Plan, PlanningError, build_plan
-from ..core.snapshot import snapshot, snapshot_of
+from ..core.snapshot import PLAN_VERSION, newer_version, snapshot, snapshot_of
 from ..core.trainer import TrainJob
 from ..core.validation import CheckedRuntime
 from ..kube.cache import Cache, EventType, Key, key_of
@@ -253,6 +253,21 @@ class Reconciler:
             return await self._elsewhere(key, raw, trainjob, changes)
         frozen = self._frozen(key, raw, trainjob.metadata.uid)
         read = self.cache.snapshot_runtime(frozen) if frozen is not None else None
+        if frozen is not None and read is None:
+            # Written by a newer release (a rollback), or not readable: this release would
+            # guess. Hands off: nothing made, changed or removed; its pods are held.
+            newer = newer_version(frozen)
+            if newer is not None:
+                note = (
+                    f"its plan was frozen by a newer release of this service (plan version "
+                    f"{newer}; this release knows up to {PLAN_VERSION}): its gang objects are "
+                    "left as they are and its pods are held; run the newer release"
+                )
+                _blocked(changes, self.events, raw, "PlanVersionUnknown", note)
+            else:
+                note = "its runtime snapshot does not parse: its gang objects are left alone"
+                _blocked(changes, self.events, raw, "InvalidSnapshot", note)
+            return DONE
         no_gang = no_gang_reason(trainjob)
         plan: Plan | None = None
         if read is None:
@@ -323,7 +338,9 @@ class Reconciler:
         assert trainjob.metadata.uid is not None
         if snapshot_of(raw) is not None:
             try:
-                await self.writer.remove_snapshot(*key, trainjob.metadata.uid)
+                await self.writer.remove_snapshot(
+                    *key, trainjob.metadata.uid, _meta(raw).get("resourceVersion")
+                )
             except ApiException as err:
                 if err.status in (404, 409, 422):  # gone, or another TrainJob now has the name
                     return WAIT
@@ -440,7 +457,9 @@ class Reconciler:
         namespace, name = key
         text = snapshot(checked.runtime)
         try:
-            await self.writer.snapshot_runtime(namespace, name, trainjob.metadata.uid, text)
+            await self.writer.snapshot_runtime(
+                namespace, name, trainjob.metadata.uid, text, _meta(raw).get("resourceVersion")
+            )
         except ApiException as err:
             if err.status in (404, 409, 422):  # gone, or another TrainJob now has the name
                 return WAIT
@@ -458,7 +477,9 @@ class Reconciler:
         assert trainjob.metadata.uid is not None
         text = snapshot(None)
         try:
-            await self.writer.snapshot_runtime(*key, trainjob.metadata.uid, text)
+            await self.writer.snapshot_runtime(
+                *key, trainjob.metadata.uid, text, _meta(raw).get("resourceVersion")
+            )
         except ApiException as err:
             if err.status in (404, 409, 422):  # gone, or another TrainJob now has the name
                 return WAIT
