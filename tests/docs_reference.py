@@ -297,6 +297,8 @@ WEBHOOK_PURPOSE = {
     "/mutate-trainer-kubeflow-org-v1alpha1-trainingruntime": "the same, namespaced",
     "/mutate--v1-pod": "a TrainJob's pod is tied to its group of the plan, the way its backend "
     "ties pods, once that backend's objects can exist (a group it already names is replaced)",
+    "/mutate-trainer-kubeflow-org-v1alpha1-trainjob": "on CREATE, the runtime is frozen into "
+    "the TrainJob (its snapshot annotation), so its pods are tied the moment they come",
     "/mutate-batch-v1-job": "a ganged TrainJob's Job names its PodGroup in its pod template, so "
     "the Job controller makes no gang of its own for it (WorkloadWithJob)",
     "/mutate-scheduling-k8s-io-v1beta1-workload": "gang templates without minCount get the "

@@ -58,7 +58,7 @@ def fixture_names() -> list[str]:
     return sorted(p.name for p in FIXTURES.glob("*.json"))
 
 
-def fixture_cache(plan_version: int = 2) -> Cache:
+def fixture_cache(plan_version: int = PLAN_VERSION) -> Cache:
     """A connected, synced cache holding what the cluster held when the fixtures were taken,
     its TrainJob frozen by the reconciler (`plan_version` 1: by a release before plan
     versions, whose gang has the legacy names of was-api.md section 4)."""
@@ -91,7 +91,9 @@ def served(cache: Cache, backend: str = "native") -> None:
             store.replace([])
 
 
-def frozen(cache: Cache, trainjob: dict[str, Any], plan_version: int = 2) -> dict[str, Any]:
+def frozen(
+    cache: Cache, trainjob: dict[str, Any], plan_version: int = PLAN_VERSION
+) -> dict[str, Any]:
     """Raw `trainjob` with its runtime frozen into it as the reconciler freezes it when it first
     sees it (`Reconciler._take_snapshot`): the annotation `SNAPSHOT_ANNOTATION` with
     `snapshot()` of the runtime the cache holds now. Unchanged (a copy) when the reconciler
@@ -120,7 +122,10 @@ def frozen(cache: Cache, trainjob: dict[str, Any], plan_version: int = 2) -> dic
 
 
 def freeze(
-    cache: Cache, namespace: str | None = None, name: str | None = None, plan_version: int = 2
+    cache: Cache,
+    namespace: str | None = None,
+    name: str | None = None,
+    plan_version: int = PLAN_VERSION,
 ) -> None:
     """Freezes the cache's TrainJobs (all of them, or those of `namespace`, or one) as
     `frozen` does, as the watch brings them back after the reconciler's write; one already

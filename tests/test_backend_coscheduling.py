@@ -129,9 +129,13 @@ def plan_of(raw_runtime: Json, raw_trainjob: Json) -> Plan:
     return plan
 
 
-def gang_name(trainjob_name: str, trainjob_uid: str | None = None) -> str:
-    """The plan's name for the [node, eval] gang of a TrainJob of gpu_runtime()."""
+def gang_name(
+    trainjob_name: str, trainjob_uid: str | None = None, generation: int | None = None
+) -> str:
+    """The plan's name for the [node, eval] gang of a TrainJob of gpu_runtime() (in the run of
+    `generation`, past the first: plan version 3)."""
     tj = gpu_trainjob(trainjob_name, uid=trainjob_uid)
+    tj["metadata"]["generation"] = generation
     group = plan_of(gpu_runtime(), tj).group_for("node", 0)
     assert group is not None
     return group.pod_group_name
@@ -150,7 +154,7 @@ def expected_pod_group(tj: Json, resources: Json = MIN_RESOURCES) -> Json:
         "metadata": {
             "labels": {"app.kubernetes.io/managed-by": "trainjob-scheduling-webhook",
                        "trainer.kubeflow.org/trainjob-name": NAME,
-                       "trainjob-scheduling.dev/plan-version": "2"},
+                       "trainjob-scheduling.dev/plan-version": "3"},
             "name": naming.pod_group_name(NAME, GANG_TEMPLATE, tj["metadata"]["uid"]),
             "namespace": NS,
             "ownerReferences": [owner(tj)],
@@ -583,8 +587,10 @@ def test_trainjob_admission_says_what_the_topology_becomes(
 
 
 def stored_gang(k: Any) -> str:
-    """The gang's PodGroup name for the TrainJob my-job the emulator holds (named by its uid)."""
-    return gang_name(NAME, uid(stored(k, TRAINJOBS, NAME)))
+    """The gang's PodGroup name for the TrainJob my-job the emulator holds (named by its uid
+    and its run)."""
+    tj = stored(k, TRAINJOBS, NAME)
+    return gang_name(NAME, uid(tj), (tj or {}).get("metadata", {}).get("generation"))
 
 
 def pod_group_of(k: Any) -> Json | None:
@@ -700,7 +706,8 @@ async def test_a_foreign_pod_group_is_left_alone_and_trainers_own_means_standing
         await create(w.k, CLUSTER_RUNTIMES, gpu_runtime())
         suspended = gpu_trainjob()
         suspended["spec"]["suspend"] = True
-        gang = gang_name(NAME, uid(await create(w.k, TRAINJOBS, suspended)))
+        # (the run it starts once resumed: generation 2)
+        gang = gang_name(NAME, uid(await create(w.k, TRAINJOBS, suspended)), 2)
         foreign = {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup",
                    "metadata": {"name": gang, "namespace": NS},
                    "spec": {"minMember": 1}}  # fmt: skip

@@ -71,6 +71,7 @@ from webhook.backends.native import POD_GROUP as NATIVE_POD_GROUP
 from webhook.backends.registry import default_backends
 from webhook.core import naming
 from webhook.core.plan import Plan, build_plan
+from webhook.core.snapshot import PLAN_VERSION
 from webhook.core.trainer import Runtime, TrainJob
 from webhook.core.validation import validate_runtime, validate_trainjob
 from webhook.kube.cache import Cache
@@ -92,7 +93,7 @@ LABELS = {
     "app.kubernetes.io/managed-by": "trainjob-scheduling-webhook",
     "trainer.kubeflow.org/trainjob-name": "my-job",
 }
-LABELS_V2 = {**LABELS, "trainjob-scheduling.dev/plan-version": "2"}  # plan version 2's objects
+LABELS_V3 = {**LABELS, "trainjob-scheduling.dev/plan-version": "3"}  # plan version 3's objects
 ZONE = {"topology": [{"key": "topology.kubernetes.io/zone"}]}
 
 
@@ -105,7 +106,7 @@ def kai_pods(raw_runtime: Json) -> Json:
     return out
 
 
-def plan_of(raw_runtime: Json, raw_trainjob: Json, plan_version: int = 2) -> Plan:
+def plan_of(raw_runtime: Json, raw_trainjob: Json, plan_version: int = PLAN_VERSION) -> Plan:
     """The plan (`plan_version` 1: with the names earlier releases gave, which the exact objects
     below spell; test_backends shows version 2 renders the same but for names and a label)."""
     tj, rt = TrainJob.model_validate(raw_trainjob), Runtime.model_validate(raw_runtime)
@@ -566,7 +567,7 @@ async def test_lifecycle_create_suspend_resume_finish() -> None:
         group, pg = await kai_gang(w.k)
         tj = stored(w.k, TRAINJOBS, NAME)
         assert pg["metadata"]["ownerReferences"] == [owner(NAME, uid(tj))]
-        assert pg["metadata"]["labels"] == LABELS_V2
+        assert pg["metadata"]["labels"] == LABELS_V3
         assert pg["spec"] == {
             "minMember": 100,
             "queue": "team-a",
@@ -581,9 +582,11 @@ async def test_lifecycle_create_suspend_resume_finish() -> None:
 
         await patch(w.k, TRAINJOBS, NS, NAME, {"spec": {"suspend": True}})
         await eventually(lambda: not stored(w.k, KAI_POD_GROUPS, group), "gone on suspend")
-        await patch(w.k, TRAINJOBS, NS, NAME, {"spec": {"suspend": False}})
-        again = await eventually(lambda: stored(w.k, KAI_POD_GROUPS, group), "resumed")
-        assert uid(again) != uid(pg) and again["spec"] == pg["spec"]
+        resumed = await patch(w.k, TRAINJOBS, NS, NAME, {"spec": {"suspend": False}})
+        # The resumed run has a gang of its own (plan version 3: named by its generation).
+        run = naming.workload_name(NS, NAME, f"{uid(tj)}/run/{resumed['metadata']['generation']}")
+        again = await eventually(lambda: stored(w.k, KAI_POD_GROUPS, run), "resumed")
+        assert run != group and again["spec"] == pg["spec"]
 
         finished = {"status": {"conditions": [{"type": "Complete", "status": "True"}]}}
         await patch(w.k, TRAINJOBS, NS, NAME, finished)
@@ -636,7 +639,9 @@ async def test_a_foreign_pod_group_with_our_name_is_left_alone() -> None:
         await create(w.k, CLUSTER_RUNTIMES, kai_pods(native_runtime()))
         suspended = kai_trainjob()
         suspended["spec"]["suspend"] = True
-        group = group_of(await create(w.k, TRAINJOBS, suspended))
+        created = await create(w.k, TRAINJOBS, suspended)
+        # Its run once resumed (one spec change after its creation: generation 2).
+        group = naming.workload_name(NS, NAME, f"{uid(created)}/run/2")
         theirs = {
             "apiVersion": "scheduling.run.ai/v2alpha2", "kind": "PodGroup",
             "metadata": {"name": group, "namespace": NS}, "spec": {"minMember": 1},

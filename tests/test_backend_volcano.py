@@ -649,14 +649,16 @@ async def quiet(k: VersionedEmulator, seconds: float = 0.5) -> int:
     return last
 
 
-def names(trainjob_uid: str) -> tuple[str, str]:
-    """The PodGroups of the TrainJob with this uid (its names carry it: plan version 2)."""
-    plan = plan_of(mpi_runtime(), mpi_trainjob(uid=trainjob_uid))
+def names(trainjob_uid: str, generation: int | None = None) -> tuple[str, str]:
+    """The PodGroups of the TrainJob with this uid in the run of `generation` (its names carry
+    both: plan version 3)."""
+    plan = plan_of(mpi_runtime(), mpi_trainjob(uid=trainjob_uid, generation=generation))
     return plan.groups[0].pod_group_name, plan.groups[1].pod_group_name
 
 
 async def both(k: VersionedEmulator, min_member: int = 5) -> tuple[Json, Json]:
-    init_name, gang_name = names(uid(stored(k, TRAINJOBS, NAME)))
+    tj = stored(k, TRAINJOBS, NAME)
+    init_name, gang_name = names(uid(tj), (tj or {}).get("metadata", {}).get("generation"))
 
     def found() -> Any:
         init, gang = stored(k, PODGROUPS, init_name), stored(k, PODGROUPS, gang_name)
@@ -699,7 +701,7 @@ async def test_a_volcano_trainjob_through_create_suspend_resume_and_finish() -> 
         assert gang["metadata"]["labels"] == {
             "app.kubernetes.io/managed-by": "trainjob-scheduling-webhook",
             "trainer.kubeflow.org/trainjob-name": NAME,
-            "trainjob-scheduling.dev/plan-version": "2",
+            "trainjob-scheduling.dev/plan-version": "3",
         }
         assert gang["spec"] == {
             "minMember": 5,
@@ -778,7 +780,8 @@ async def test_a_foreign_podgroup_of_the_name_is_left_alone() -> None:
         await create(w.k, CLUSTER_RUNTIMES, mpi_runtime())
         suspended = mpi_trainjob(4, uid=None)
         suspended["spec"]["suspend"] = True
-        _, gang_name = names(uid(await create(w.k, TRAINJOBS, suspended)))
+        # (the run it starts once resumed: generation 2)
+        _, gang_name = names(uid(await create(w.k, TRAINJOBS, suspended)), 2)
         foreign = {
             "apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup",
             "metadata": {"name": gang_name, "namespace": NS}, "spec": {"minMember": 9},

@@ -115,7 +115,7 @@ def test_every_backend_renders_plan_version_2_as_version_1_but_for_names_and_a_l
         pod = job["template"]["spec"].setdefault("template", {}).setdefault("spec", {})
         pod["schedulerName"] = SCHEDULER_OF[backend_name]
     tj, rt = TrainJob.model_validate(raw_trainjob), Runtime.model_validate(raw_runtime)
-    legacy, plan = build_plan(tj, rt, plan_version=1), build_plan(tj, rt)
+    legacy, plan = build_plan(tj, rt, plan_version=1), build_plan(tj, rt, plan_version=2)
     assert legacy is not None and plan is not None
     backends = default_backends()
     backend = backends.named(backend_name)

@@ -431,7 +431,7 @@ def test_every_webhook_path_of_the_service_is_registered_and_no_other(default: R
         service = hook["clientConfig"]["service"]
         assert (service["name"], service["namespace"], service["port"]) == (BASE, NAMESPACE, 443)
         assert "caBundle" not in hook["clientConfig"] and "url" not in hook["clientConfig"]
-        if w.path == TRAINJOB_PATH:  # every namespace: the tamper check (test below)
+        if w.path in (TRAINJOB_PATH, MUTATE_TRAINJOB_PATH):  # every served namespace
             assert hook["namespaceSelector"] == {}
         elif rule["scope"] == "Namespaced":
             (expression,) = hook["namespaceSelector"]["matchExpressions"]
@@ -458,9 +458,11 @@ def test_every_webhook_path_of_the_service_is_registered_and_no_other(default: R
 def test_failure_policies_and_timeouts_are_values(default: Rendered) -> None:
     hooks = {hook["name"].split(".")[0] + "." + hook["name"].split(".")[1]: hook
              for _, hook in _hooks(default).values()}  # fmt: skip
-    # Only the Job webhook is Ignore: it is best effort (the pod webhook ties the pods anyway).
+    # Only the Job webhook and the TrainJob freeze are Ignore: best effort (the pod webhook
+    # ties the pods anyway; the reconciler freezes a TrainJob a moment later).
     assert {n: h["failurePolicy"] for n, h in hooks.items() if h["failurePolicy"] != "Fail"} == {
-        "jobs.mutate": "Ignore"
+        "jobs.mutate": "Ignore",
+        "trainjobs.mutate": "Ignore",
     }
     changed = render({"webhooks": {"mutatePod": {"failurePolicy": "Ignore", "timeoutSeconds": 3,
                                                  "reinvocationPolicy": "Never"}}})  # fmt: skip
@@ -469,7 +471,7 @@ def test_failure_policies_and_timeouts_are_values(default: Rendered) -> None:
         "Ignore", 3, "Never",
     )  # fmt: skip
     others = [h for p, (_, h) in _hooks(changed).items() if p != "/mutate--v1-pod"]
-    assert [h["failurePolicy"] for h in others].count("Ignore") == 1  # the Job webhook's
+    assert [h["failurePolicy"] for h in others].count("Ignore") == 2  # Job, TrainJob freeze
     extra = render({"webhooks": {"excludeNamespaces": ["kube-system", "monitoring"]}})
     values = _hooks(extra)["/mutate--v1-pod"][1]["namespaceSelector"]["matchExpressions"][0][
         "values"
@@ -551,6 +553,7 @@ def test_selectors_and_match_conditions_never_skip_a_review_the_service_changes(
         assert not _match_conditions_hold(hooks[path][1], sent)
 
 
+MUTATE_TRAINJOB_PATH = "/mutate-trainer-kubeflow-org-v1alpha1-trainjob"
 TRAINJOB_PATH = "/validate-trainer-kubeflow-org-v1alpha1-trainjob"
 
 
@@ -1228,7 +1231,8 @@ def test_a_pod_outside_the_watched_namespaces_or_not_a_jobsets_never_reaches_the
         selectors = [
             hook["namespaceSelector"]
             for path, (_, hook) in _hooks(r).items()
-            if hook["rules"][0]["scope"] == "Namespaced" and path != TRAINJOB_PATH
+            if hook["rules"][0]["scope"] == "Namespaced"
+            and path not in (TRAINJOB_PATH, MUTATE_TRAINJOB_PATH)
         ]
         assert len(selectors) == 6 and all(s == selectors[0] for s in selectors)
 

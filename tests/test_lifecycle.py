@@ -232,9 +232,12 @@ async def test_a_trainjob_re_applied_under_its_name_gets_a_gang_of_its_own(tmp_p
 # --- suspend, then resume before the old PodGroup is gone ---------------------------------------
 
 
-async def test_resume_while_the_old_pod_group_terminates_holds_pods_until_it_is_gone(
+async def test_a_resumed_gang_has_names_of_its_own_and_never_waits_for_the_old_one(
     tmp_path: Path,
 ) -> None:
+    """A resume starts a run of its own (the TrainJob's generation): its pods are tied at once to
+    PodGroups of that run, made at once, while the suspended run's PodGroup stays Terminating as
+    long as its old pods take to end (issue 36: holds are for faults, not for lifecycles)."""
     async with cluster(tmp_path) as (s, jobs):
         uid, group = await a_running_gang(s, jobs)
         name = group["metadata"]["name"]
@@ -247,17 +250,30 @@ async def test_resume_while_the_old_pod_group_terminates_holds_pods_until_it_is_
             lambda: bool((pod_group(s.k, name) or {}).get("metadata", {}).get("deletionTimestamp")),
             "the PodGroup Terminating",
         )
-        await patch(s.k, TRAINJOBS, NS, NAME, {"spec": {"suspend": False}})
-        # The resumed Jobs' pods are held: naming the Terminating PodGroup would keep it for ever.
-        assert await jobs.create_pod(0) is None
-        assert "still terminating" in jobs.held[-1]
-        condition = await condition_reason(s.k, "PodGroupCleanupBlocked")
-        assert name in condition["message"]
-        await pods_gone(s.k)  # the old pods end: the old PodGroup goes, the new one is made
-        again = await the_gang_of(s.k, uid)
+        resumed = await patch(s.k, TRAINJOBS, NS, NAME, {"spec": {"suspend": False}})
+        generation = resumed["metadata"]["generation"]
+        assert generation == 3  # created, suspended, resumed
+        await eventually(
+            lambda: (
+                (s.cache.trainjobs.get(NS, NAME) or None) and s.cache.not_running(NS, NAME) is None
+            ),
+            "the resume cached",
+        )
+        run = naming.workload_name(NS, NAME, f"{uid}/run/{generation}")
+        assert run != name
+        pods = await jobs.gang()  # none held: the old PodGroup is still Terminating
+        assert jobs.held == []
+        assert [group_of(p) for p in pods] == [run] * NUM_NODES
+        again = await eventually(lambda: live_pod_group(s.k, run), "the run's PodGroup made")
         assert again["metadata"]["uid"] != group["metadata"]["uid"]
-        pods = await jobs.gang()
-        assert [group_of(p) for p in pods] == [name] * NUM_NODES
+        old = pod_group(s.k, name)
+        assert old is not None and old["metadata"].get("deletionTimestamp")  # still going
+        await pods_gone(s.k)
+
+
+def live_pod_group(k: VersionedEmulator, name: str) -> dict[str, Any] | None:
+    found = pod_group(k, name)
+    return found if found is not None and not found["metadata"].get("deletionTimestamp") else None
 
 
 async def condition_reason(k: VersionedEmulator, reason: str) -> dict[str, Any]:

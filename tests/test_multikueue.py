@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import kmock
+import orjson
 import pytest
 
 from webhook.core.lifecycle import MULTIKUEUE
@@ -156,9 +157,13 @@ async def test_a_snapshot_an_earlier_release_froze_is_removed_by_the_service(
 ) -> None:
     async with guarded_world(tmp_path) as (w, send):
         stale = dispatched(real_snapshot())  # as 0.1.0 froze it (the emulator has no webhook)
-        # What goes wrong without the removal: its copy carries the snapshot, and the worker's
-        # guard denies MultiKueue's CREATE.
-        denied = await send(PATH, review_of("CREATE", worker_copy(stale), username=MULTIKUEUE_USER))
+        # What goes wrong without the removal: its copy carries the snapshot, and once the
+        # runtime has changed since, the worker's guard denies MultiKueue's CREATE (a copy of
+        # exactly what the worker would freeze now is what its own freeze would add).
+        older = orjson.loads(real_snapshot())
+        older["runtime"]["spec"]["mlPolicy"]["numNodes"] = 3
+        outdated = worker_copy(dispatched(orjson.dumps(older).decode()))
+        denied = await send(PATH, review_of("CREATE", outdated, username=MULTIKUEUE_USER))
         assert_denied(denied, "set", MULTIKUEUE_USER)
 
         await create(w.k, TRAINJOBS, stale)

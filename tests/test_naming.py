@@ -141,7 +141,7 @@ def test_a_restart_attempt_renames_the_pod_groups_not_the_workload_or_templates(
     )  # fmt: skip
     tj.metadata.uid = UID_A
     plan = build_plan(tj, rt)
-    assert plan is not None and plan.plan_version == 2
+    assert plan is not None and plan.plan_version == 3
     again = plan.at_attempt(3)
     assert again.attempt == 3 and again.workload_name == plan.workload_name
     assert [g.template_name for g in again.groups] == [g.template_name for g in plan.groups]

@@ -17,11 +17,12 @@ from webhook.backends.native import NativeBackend
 from webhook.core import naming
 from webhook.core.layout import GroupKind
 from webhook.core.plan import Plan, PlanningError, build_plan, pod_group_for_labels
+from webhook.core.snapshot import PLAN_VERSION
 from webhook.core.trainer import Runtime, TrainJob
 
 
 def plan_of(
-    raw_runtime: dict[str, Any], raw_trainjob: dict[str, Any], plan_version: int = 2
+    raw_runtime: dict[str, Any], raw_trainjob: dict[str, Any], plan_version: int = PLAN_VERSION
 ) -> Plan:
     rt, tj = parsed(raw_runtime, raw_trainjob)
     plan = build_plan(tj, rt, plan_version)
@@ -396,7 +397,7 @@ def test_reference_complete_example_at_plan_version_2_differs_only_in_names_and_
     # the TrainJob's uid (templates keep theirs: they live inside the one Workload), and every
     # object says which plan version named it.
     rt, tj = reference_complete_example(), trainjob(num_nodes=8, uid="tj-uid")
-    legacy, plan = plan_of(rt, tj, plan_version=1), plan_of(rt, tj)
+    legacy, plan = plan_of(rt, tj, plan_version=1), plan_of(rt, tj, plan_version=2)
     workload_name = naming.workload_name("team-a", "my-job", "tj-uid")
     init_template = "dataset-initializer-model-initializer-a2400d82a0"
     init_name = naming.pod_group_name("my-job", init_template, "tj-uid")

@@ -167,7 +167,7 @@ def test_the_snapshot_plans_exactly_as_the_runtime_and_drops_what_planning_ignor
     assert '"containers":[{"name":"node"}]' in text
     frozen = from_annotations({SNAPSHOT_ANNOTATION: text})
     assert frozen is not None and frozen.runtime is not None
-    assert frozen.version == PLAN_VERSION == 2  # what this release writes
+    assert frozen.version == PLAN_VERSION == 3  # what this release writes
     before, after = check_stored_runtime(rt), check_stored_runtime(frozen.runtime)
     assert (before.layout, before.verdict) == (after.layout, after.verdict)
     tj, _ = parse(TrainJob, trainjob(num_nodes=4))
@@ -186,11 +186,11 @@ def level2_runtime() -> Runtime:
     return rt
 
 
-def test_a_version_2_snapshot_round_trips() -> None:
+def test_a_version_3_snapshot_round_trips() -> None:
     text = snapshot(level2_runtime())
     assert orjson.loads(text).keys() == {"planVersion", "runtime"}
     frozen = from_text(text)
-    assert frozen is not None and frozen.version == 2 and frozen.runtime is not None
+    assert frozen is not None and frozen.version == 3 and frozen.runtime is not None
     assert snapshot(frozen.runtime) == text  # read back and written again: the same text
     assert from_annotations({SNAPSHOT_ANNOTATION: text}) == frozen
 
@@ -216,12 +216,17 @@ def test_a_version_1_snapshot_is_the_bare_runtime_and_plans_the_legacy_names() -
 
 
 @pytest.mark.parametrize(
-    "text", ['{"planVersion":2,"runtime":null}', '{"runtime": null, "planVersion": 2}']
+    ("text", "version"),
+    [
+        ('{"planVersion":3,"runtime":null}', 3),
+        ('{"runtime": null, "planVersion": 3}', 3),
+        ('{"planVersion":2,"runtime":null}', 2),  # an earlier release's: read as it wrote it
+    ],
 )
-def test_runtime_null_is_a_frozen_no_gang(text: str) -> None:
-    assert snapshot(None) == '{"planVersion":2,"runtime":null}'
-    assert from_annotations({SNAPSHOT_ANNOTATION: text}) == Frozen(2, None)
-    assert from_text(snapshot(None)) == Frozen(2, None)
+def test_runtime_null_is_a_frozen_no_gang(text: str, version: int) -> None:
+    assert snapshot(None) == '{"planVersion":3,"runtime":null}'
+    assert from_annotations({SNAPSHOT_ANNOTATION: text}) == Frozen(version, None)
+    assert from_text(snapshot(None)) == Frozen(3, None)
 
 
 @pytest.mark.parametrize(
@@ -233,8 +238,8 @@ def test_runtime_null_is_a_frozen_no_gang(text: str) -> None:
         "[1, 2]",
         "null",
         # A plan version newer than this release knows: planning it by older rules would guess.
-        '{"planVersion": 3, "runtime": null}',
-        '{"planVersion": 3, "runtime": {"metadata": {"name": "rt"}}}',
+        '{"planVersion": 4, "runtime": null}',
+        '{"planVersion": 4, "runtime": {"metadata": {"name": "rt"}}}',
         # Versions no release writes, or not an integer.
         '{"planVersion": 1, "runtime": {"metadata": {"name": "rt"}}}',
         '{"planVersion": 0, "runtime": null}',

@@ -57,9 +57,17 @@ LEGACY_WORKLOAD = "my-job-f438be8c51"  # plan version 1 (was-api.md section 4)
 
 
 def gang(k: VersionedEmulator) -> str:
-    """The level-1 gang's name (the Workload, its template and PodGroup): plan version 2
-    qualifies it by the stored TrainJob's uid."""
-    return naming.workload_name(NS, NAME, uid(stored(k, TRAINJOBS, NAME)))
+    """The level-1 gang's name (the Workload, its template and PodGroup) of the stored
+    TrainJob's run: plan version 3 qualifies it by its uid and, after a resume, its
+    generation."""
+    return naming.workload_name(NS, NAME, incarnation(stored(k, TRAINJOBS, NAME)))
+
+
+def incarnation(trainjob: dict[str, Any] | None) -> str:
+    """What qualifies a TrainJob's gang names at plan version 3 (core/plan.py)."""
+    assert trainjob is not None
+    generation = trainjob["metadata"].get("generation") or 1
+    return uid(trainjob) + (f"/run/{generation}" if generation > 1 else "")
 
 
 CREATE, UPDATE, DELETE = kmock.action.CREATE, kmock.action.UPDATE, kmock.action.DELETE

@@ -10,6 +10,7 @@ reached the store unchecked (no webhook) would have been built as written.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import copy
 import ssl
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import jsonpatch
 import orjson
 import pytest
 
@@ -136,16 +138,69 @@ def stored_trainjob() -> dict[str, Any]:
     return obj
 
 
-def test_a_tenants_create_with_a_snapshot_is_denied(client: httpx.Client) -> None:
+def frozen_now(server: RunningServer) -> str:
+    """What the service freezes into team-a/my-job now: its runtime as the cache holds it."""
+    ref = stored_trainjob()["spec"]["runtimeRef"]
+    checked = server.cache.runtime(ref.get("kind"), "team-a", ref["name"])
+    assert checked is not None
+    return snapshot(checked.runtime)
+
+
+def test_a_tenants_create_with_a_snapshot_is_denied(
+    server: RunningServer, client: httpx.Client
+) -> None:
     forged = annotated(stored_trainjob(), forged_snapshot())
     assert_forbidden(send(client, review_of("CREATE", forged)), "set")
-    # Even a copy of the true snapshot: the service alone decides what is frozen, and when.
-    copied = annotated(stored_trainjob(), real_snapshot())
-    assert_forbidden(send(client, review_of("CREATE", copied)), "set")
+    # Exactly what the service freezes now is what its TrainJob mutating webhook put into this
+    # very request (the runtime frozen when the TrainJob is admitted): accepted.
+    copied = annotated(stored_trainjob(), frozen_now(server))
+    assert send(client, review_of("CREATE", copied))["allowed"] is True
+    # A snapshot of an earlier version of the runtime, or of another one, is not.
+    assert frozen_now(server) != real_snapshot()
+    assert_forbidden(
+        send(client, review_of("CREATE", annotated(stored_trainjob(), real_snapshot()))), "set"
+    )
+    older = orjson.loads(frozen_now(server))
+    older["runtime"]["spec"]["mlPolicy"]["numNodes"] = 2
+    assert_forbidden(
+        send(
+            client, review_of("CREATE", annotated(stored_trainjob(), orjson.dumps(older).decode()))
+        ),
+        "set",
+    )
     # A dry run gets the answer the real request would.
     assert_forbidden(send(client, review_of("CREATE", forged, dry_run=True)), "set")
     # Without the annotation the same TrainJob is admitted (its warnings aside).
     assert send(client, review_of("CREATE", stored_trainjob()))["allowed"] is True
+
+
+def test_the_runtime_is_frozen_when_the_trainjob_is_created(
+    server: RunningServer, client: httpx.Client
+) -> None:
+    """The TrainJob mutating webhook freezes it in the tenant's own CREATE, and the guard then
+    admits that request: its pods are tied the moment they come (issue 36)."""
+    review = review_of("CREATE", stored_trainjob())
+    mutated = client.post(
+        "/mutate-trainer-kubeflow-org-v1alpha1-trainjob", content=orjson.dumps(review)
+    ).json()["response"]
+    assert mutated["allowed"] is True and mutated["patchType"] == "JSONPatch"
+    ops = orjson.loads(base64.b64decode(mutated["patch"]))
+    frozen = jsonpatch.apply_patch(stored_trainjob(), ops)
+    assert frozen["metadata"]["annotations"][SNAPSHOT_ANNOTATION] == frozen_now(server)
+    assert send(client, review_of("CREATE", frozen))["allowed"] is True
+    # Frozen already (carried in): left for the guard to judge; MultiKueue's: never frozen here.
+    again = client.post(
+        "/mutate-trainer-kubeflow-org-v1alpha1-trainjob",
+        content=orjson.dumps(review_of("CREATE", frozen)),
+    ).json()["response"]
+    assert "patch" not in again
+    elsewhere = copy.deepcopy(stored_trainjob())
+    elsewhere["spec"]["managedBy"] = "kueue.x-k8s.io/multikueue"
+    dispatched = client.post(
+        "/mutate-trainer-kubeflow-org-v1alpha1-trainjob",
+        content=orjson.dumps(review_of("CREATE", elsewhere)),
+    ).json()["response"]
+    assert "patch" not in dispatched
 
 
 def test_a_tenants_update_that_adds_edits_or_removes_the_snapshot_is_denied(

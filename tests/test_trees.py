@@ -51,6 +51,7 @@ from webhook.backends.native import COMPOSITE, NativeBackend
 from webhook.core import naming
 from webhook.core.layout import CompositeKind, is_multi_level
 from webhook.core.plan import Plan, build_plan, pod_group_for_labels
+from webhook.core.snapshot import PLAN_VERSION
 from webhook.core.trainer import Runtime, TrainJob
 from webhook.core.validation import validate_runtime, validate_trainjob
 from webhook.kube.cache import Cache
@@ -68,7 +69,7 @@ def plan_of(
     name: str = "my-job",
     *,
     uid: str = TRAINJOB_UID,
-    plan_version: int = 2,
+    plan_version: int = PLAN_VERSION,
 ) -> Plan:
     assert validate_runtime(raw_runtime).errors == (), validate_runtime(raw_runtime).errors
     plan = build_plan(
@@ -626,7 +627,16 @@ async def test_the_reconciler_builds_repairs_suspends_resumes_and_removes_a_tree
                                          "compositepodgroups", "workloads"], order  # fmt: skip
         assert order[2][1] == block and order[3][1] == plan.composites[0].name
 
-        await patch(w.k, TRAINJOBS, NS, "my-job", {"spec": {"suspend": False}})
+        resumed = await patch(w.k, TRAINJOBS, NS, "my-job", {"spec": {"suspend": False}})
+        # The resumed run's tree, named by its generation (plan version 3).
+        parsed = TrainJob.model_validate(resumed)
+        run = build_plan(
+            parsed, Runtime.model_validate(zone_block_rack() | {"metadata": {"name": "rt"}})
+        )
+        assert run is not None and run.workload_name != plan.workload_name
+        plan = run
+        want_composites = sorted(c.name for c in plan.composites)
+        want_groups = sorted(g.pod_group_name for g in plan.groups)
         await eventually(built, "made again on resume")
         await delete(w.k, TRAINJOBS, NS, "my-job")
         await eventually(lambda: not objects(w.k, COMPOSITE_POD_GROUPS), "collected on delete")

@@ -18,6 +18,7 @@ from ..backends.base import (
     GangBackend,
     Kind,
     TiesJobs,
+    add_to_map,
     api_versions,
     composite_kind,
     expresses,
@@ -29,7 +30,7 @@ from ..core import errors as fe
 from ..core.errors import FieldError, Path
 from ..core.fields import parse
 from ..core.layout import is_multi_level
-from ..core.lifecycle import gang_exists
+from ..core.lifecycle import gang_exists, runs_elsewhere
 from ..core.ownership import controlled_by, controller_uid, controlling_trainjob
 from ..core.plan import (
     JOBSET_NAME,
@@ -41,6 +42,7 @@ from ..core.plan import (
     build_plan,
     group_for_labels,
 )
+from ..core.snapshot import SNAPSHOT_ANNOTATION, snapshot, snapshot_of
 from ..core.trainer import DEFAULT_SCHEDULER, TrainJob
 from ..core.validation import CheckedRuntime, Verdict, check_trainjob, judge_runtime
 from ..kube.cache import Cache, PlanLookup
@@ -199,11 +201,54 @@ def mutate_runtime_review(review: Review, cache: Cache) -> Decision:
 # --- TrainJobs ---------------------------------------------------------------------------------
 
 
+def mutate_trainjob_review(review: Review, cache: Cache) -> Decision:
+    """Freezes the runtime into a TrainJob when it is created (what the reconciler would do a
+    moment later): its pods are tied the moment they come, never held for it (issue 36).
+    Best effort (the chart's failurePolicy is Ignore): one created while no replica answers is
+    frozen by the reconciler when it first sees it."""
+    if review.operation != "CREATE" or review.sub_resource:
+        return Decision()
+    obj = review.object
+    assert obj is not None
+    if snapshot_of(obj) is not None:
+        return Decision()  # carried in (a restore, a copy): the TrainJob webhook judges it
+    text = frozen_now(obj, review.namespace, cache)
+    if text is None:
+        return Decision()
+    return Decision(patch=add_to_map(obj, ("metadata", "annotations"), SNAPSHOT_ANNOTATION, text))
+
+
+def frozen_now(obj: Mapping[str, Any], namespace: str, cache: Cache) -> str | None:
+    """The snapshot the service freezes into this TrainJob now: of its runtime in the cache, when
+    that runtime schedules gangs and the TrainJob plans under it; None when it gets none (no
+    scheduling, invalid, unknown runtime, or a TrainJob MultiKueue runs elsewhere)."""
+    trainjob = parse(TrainJob, obj)[0]
+    if trainjob is None or runs_elsewhere(trainjob):
+        return None
+    ref = trainjob.spec.runtime_ref
+    checked = cache.runtime(trainjob.runtime_kind, namespace or trainjob.namespace, ref.name or "")
+    if checked is None or checked.layout is None or not checked.verdict.allowed:
+        return None
+    try:
+        build_plan(trainjob, checked)
+    except PlanningError:
+        return None  # validation denies it
+    return snapshot(checked.runtime)
+
+
 def validate_trainjob_review(review: Review, cache: Cache) -> Decision:
     if _skips(review):
         return Decision()
-    # First, and whatever else the request holds: the gang is built from the snapshot.
-    tampered = guard_snapshot(review, cache.service_username)
+    # First, and whatever else the request holds: the gang is built from the snapshot. One
+    # set on CREATE is the service's own when it is what the service freezes now (its TrainJob
+    # mutating webhook froze it in this very request).
+    expected = (
+        frozen_now(review.object, review.namespace, cache)
+        if review.operation == "CREATE" and review.object is not None
+        and snapshot_of(review.object) is not None
+        else None
+    )  # fmt: skip
+    tampered = guard_snapshot(review, cache.service_username, expected)
     if tampered is not None:
         return tampered
     assert review.object is not None
@@ -345,11 +390,15 @@ def mutate_pod_review(review: Review, cache: Cache) -> Decision | Awaitable[Deci
     lookup = cache.plan_for(namespace, trainjob)
     if lookup.state == "no-trainjob":
         return _not_cached(namespace, trainjob, lookup.detail, cache)
-    if lookup.plan is not None and cache.deleting(namespace, trainjob):
-        # A foreground delete (or another controller's finalizer) keeps the TrainJob while its
-        # JobSet's Jobs still make pods; its gang objects are not remade, so a pod tied now
-        # would wait for ever, and one let through would run loose.
-        return held("TrainJobDeleting", "the TrainJob is being deleted")
+    if lookup.plan is not None and (why := cache.not_running(namespace, trainjob)) is not None:
+        if why == "deleting":
+            # A foreground delete (or another controller's finalizer) keeps the TrainJob while
+            # its JobSet's Jobs still make pods; its gang objects are not remade, so a pod tied
+            # now would wait for ever, and one let through would run loose.
+            return held("TrainJobDeleting", "the TrainJob is being deleted")
+        # A suspended TrainJob makes no pods: this one comes from a resume this replica's
+        # watch has not brought yet, whose gang is named by the run it starts.
+        return held("TrainJobSuspended", "the TrainJob's resume has not reached this replica")
     assert isinstance(labels, dict)
     return _tie(pod, labels, lookup, cache)
 

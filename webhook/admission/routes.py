@@ -50,6 +50,7 @@ WEBHOOKS: tuple[Webhook, ...] = (
             h.validate_runtime_review),
     Webhook("validate", TRAINER, "v1alpha1", "TrainingRuntime", "trainingruntimes",
             h.validate_runtime_review),
+    Webhook("mutate", TRAINER, "v1alpha1", "TrainJob", "trainjobs", h.mutate_trainjob_review),
     Webhook("validate", TRAINER, "v1alpha1", "TrainJob", "trainjobs", h.validate_trainjob_review),
     Webhook("mutate", SCHEDULING, "v1beta1", "Workload", "workloads",
             h.mutate_backend_object_review),

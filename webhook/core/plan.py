@@ -26,6 +26,7 @@ from .layout import (
     Policy,
 )
 from .podcounts import counted_pods, group_size
+from .snapshot import PLAN_VERSION
 from .trainer import DEFAULT_SCHEDULER, Runtime, TrainJob
 from .validation import CheckedRuntime, check_stored_runtime, check_trainjob
 
@@ -110,8 +111,9 @@ class Plan:
     composites: tuple[CompositePlan, ...] = ()
     """A multi-level runtime's tree of groups of groups, parents first; `groups` are its
     leaves. Empty for a single level."""
-    plan_version: int = 2
-    """How names are made (core/snapshot.py): 1 without incarnation or restart attempts."""
+    plan_version: int = PLAN_VERSION
+    """How names are made (core/snapshot.py): 1 without incarnation or restart attempts, 2
+    with the TrainJob's uid, 3 also with its run (generation)."""
     attempt: int = 0
     """The JobSet restart attempt whose PodGroups this plan names (`at_attempt`)."""
     _restarted: list[Plan] = field(init=False, repr=False, compare=False, hash=False)
@@ -207,7 +209,7 @@ def pod_group_for_labels(plan: Plan, labels: Mapping[str, str]) -> str | None:
 
 
 def build_plan(
-    trainjob: TrainJob, runtime: Runtime | CheckedRuntime, plan_version: int = 2
+    trainjob: TrainJob, runtime: Runtime | CheckedRuntime, plan_version: int = PLAN_VERSION
 ) -> Plan | None:
     """The plan of a TrainJob under its runtime; None when the runtime has no spec.scheduling.
 
@@ -228,7 +230,7 @@ def build_plan(
 
     ns = trainjob.namespace
     tj = trainjob.metadata.name or ""
-    incarnation = (trainjob.metadata.uid or "") if plan_version >= 2 else ""
+    incarnation = _incarnation(trainjob, plan_version)
     workload = naming.workload_name(ns, tj, incarnation)
     names = {c.key: _composite_names(c, ns, tj, workload, incarnation) for c in layout.composites}
     groups = tuple(
@@ -249,6 +251,18 @@ def build_plan(
         composites,
         plan_version,
     )
+
+
+def _incarnation(trainjob: TrainJob, plan_version: int) -> str:
+    """What qualifies the gang's names (core/snapshot.py): nothing (version 1), the TrainJob's
+    uid (2), and its run, the generation, once past the first (3)."""
+    if plan_version < 2:
+        return ""
+    uid = trainjob.metadata.uid or ""
+    generation = trainjob.metadata.generation
+    if plan_version >= 3 and generation is not None and generation > 1:
+        return f"{uid}/run/{generation}"
+    return uid
 
 
 def _composite_names(

@@ -14,6 +14,11 @@ running (its pods point at names the old release computed):
   JobSet restart's PodGroups carry the restart attempt (each restart is a gang of its own).
   `"runtime": null` freezes "no gang": the TrainJob started without one, so it never gets one
   mid-flight, whatever its runtime says later.
+- version 3: the same shape; names also carry the run: the TrainJob's `metadata.generation`
+  once it is past 1. Its spec changes only while it is suspended (suspend and resume,
+  Kueue's runtimePatches), so each run after a resume has a generation, and a gang, of its
+  own: a resumed gang never waits for its predecessor's PodGroups, which stay Terminating as
+  long as the old pods' grace period.
 
 The snapshot keeps only the fields the typed models declare, and no annotations: a runtime's
 containers, commands and `last-applied-configuration` would only make the TrainJob heavier.
@@ -32,9 +37,9 @@ from .fields import parse
 from .trainer import ObjectMeta, Runtime
 
 SNAPSHOT_ANNOTATION = "trainjob-scheduling.dev/runtime-snapshot"
-PLAN_VERSION = 2  # what this release writes; see the module docstring for each version
+PLAN_VERSION = 3  # what this release writes; see the module docstring for each version
 LEGACY_PLAN_VERSION = 1
-_DROPPED_META = frozenset({"annotations", "uid"})
+_DROPPED_META = frozenset({"annotations", "uid", "generation"})
 
 
 @dataclass(frozen=True)

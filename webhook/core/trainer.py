@@ -34,6 +34,7 @@ class ObjectMeta(Model):
     name: str | None = None
     namespace: str | None = None
     uid: str | None = None
+    generation: int | None = None
     labels: dict[str, str] | None = None
     annotations: dict[str, str] | None = None
 

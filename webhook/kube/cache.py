@@ -201,11 +201,17 @@ class Cache:
         entry = self._runtime_entry(kind, namespace, name)
         return None if entry is None else _checked_runtime(entry)
 
-    def deleting(self, namespace: str, name: str) -> bool:
-        """Whether the cached TrainJob is being deleted (it has a deletionTimestamp)."""
+    def not_running(self, namespace: str, name: str) -> str | None:
+        """Why the cached TrainJob makes no pods now: "deleting" (a deletionTimestamp),
+        "suspended" (spec.suspend), else None."""
         entry = self.trainjobs.get(namespace, name)
-        meta = entry.raw.get("metadata") if entry is not None else None
-        return isinstance(meta, dict) and bool(meta.get("deletionTimestamp"))
+        raw = entry.raw if entry is not None else {}
+        meta, spec = raw.get("metadata"), raw.get("spec")
+        if isinstance(meta, dict) and meta.get("deletionTimestamp"):
+            return "deleting"
+        if isinstance(spec, dict) and spec.get("suspend") is True:
+            return "suspended"
+        return None
 
     def plan_for(self, namespace: str, name: str) -> PlanLookup:
         """The plan of TrainJob namespace/name under the runtime snapshot the reconciler froze

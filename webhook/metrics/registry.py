@@ -45,6 +45,7 @@ HELD_REASONS = (
     "InvalidPlan",  # its frozen runtime does not plan
     "PlanVersionUnknown",  # a newer release froze its plan (a rollback): hands off
     "TrainJobDeleting",  # its TrainJob is being deleted: no gang is made for it again
+    "TrainJobSuspended",  # its TrainJob is suspended in the cache: a resume not seen yet
     "GangKindUnavailable",  # a tree its backend or the cluster cannot make
     "InvalidLabels",  # its restart-attempt label is not a count
     "TrainJobFinished",  # its TrainJob has finished: its gang was released
@@ -164,6 +165,14 @@ class Metrics:
             "trainjob_scheduling_watch_restarts",
             "Watches restarted after an error or an expired resourceVersion, by resource.",
             ["resource"],
+            registry=r,
+        )
+        self.watches_refused = Gauge(
+            "trainjob_scheduling_watches_refused",
+            "Lists and watches the API server refuses now, retried slowly, by resource and "
+            "reason: namespace-gone (a watched namespace deleted), forbidden (an RBAC rule "
+            "missing, or a namespace deleted with its Role).",
+            ["resource", "reason"],
             registry=r,
         )
         self.api_requests = Counter(
@@ -292,6 +301,15 @@ class Metrics:
             "Kubernetes Events not posted because the recorder's queue was full.",
             registry=r,
         )
+        self.events_refused = Counter(
+            "trainjob_scheduling_events_refused",
+            "Kubernetes Events dropped, never retried, because the API server refused them or "
+            "one before in the same namespace, by reason: namespace-gone, forbidden.",
+            ["reason"],
+            registry=r,
+        )
+        for reason in ("namespace-gone", "forbidden"):  # kube/refusal.py's REFUSALS
+            self.events_refused.labels(reason=reason)
 
     def held(self, reason: str) -> None:
         """One pod creation denied to hold it (`reason`: one of HELD_REASONS)."""
