@@ -355,6 +355,10 @@ RBAC_WHY = {
     ("scheduling.k8s.io", "priorityclasses"): "admission checks the PriorityClass a gang's pods "
     "name",
     ("", "nodes"): "feasibility at admission (not granted with `serve.feasibility: off`)",
+    ("jobset.x-k8s.io", "jobsets"): "a gang's restart attempt: each JobSet's `status.restarts` "
+    "(kept trimmed to it and its owner), never a pod label",
+    ("batch", "jobs"): "`patch`: wakes a Job whose pods were held once they would be tied (one "
+    "annotation), so the Job controller's backoff never decides when a gang starts",
     ("scheduling.k8s.io", "workloads"): "native backend: the reconciler's objects",
     ("scheduling.k8s.io", "podgroups"): "native backend: the reconciler's objects",
     ("scheduling.k8s.io", "compositepodgroups"): "native backend, gangs of gangs: immutable, so "
@@ -647,9 +651,16 @@ KEYS: list[tuple[str, str, str, str, str, str]] = [
     ("webhook.kube.store", "LAST_APPLIED", "annotation", "every cached object", "dropped",
      "`kubectl apply`'s copy of the object: left out of the watch cache with `managedFields` "
      "(nothing reads them; [sizing](../architecture/benchmarks.md))"),
+    ("webhook.kube.waker", "WAKE_ANNOTATION", "annotation", "Job of a ganged TrainJob",
+     "written", "when the pods the webhook held would be tied now: an update the Job controller "
+     "syncs on, so its backoff never decides when a gang starts (the value: when)"),
     ("webhook.core.plan", "RESTART_ATTEMPT", "label", "pod", "read (pod webhook, pod watch)",
-     "JobSet's restart attempt (0, then one more per restart): a TrainJob's newest among its "
-     "pending or running pods is the attempt its gang is for"),
+     "JobSet's restart attempt (0, then one more per restart): a pod whose label is not its "
+     "JobSet's `status.restarts` (forged, or of an attempt that is over) is held; the gang is "
+     "made for the JobSet's attempt, never for a label's"),
+    ("webhook.admission.handlers", "JOB_NAME_LABEL", "label", "pod", "read (pod webhook)",
+     "the Job a held pod belongs to, when its controller ownerReference does not say: the Job "
+     "woken once its pods would be tied"),
     ("webhook.kube.feasibility", "MODE_ANNOTATION", "annotation",
      "(Cluster)TrainingRuntime", "read", "`warn`, `deny` or `off`: feasibility for its "
      "TrainJobs (wins over `--feasibility`)"),

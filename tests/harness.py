@@ -63,6 +63,7 @@ def fixture_cache(plan_version: int = PLAN_VERSION) -> Cache:
     its TrainJob frozen by the reconciler (`plan_version` 1: by a release before plan
     versions, whose gang has the legacy names of was-api.md section 4)."""
     cache = Cache(connected=True)
+    cache.jobsets.replace([])  # listed, none: restart attempt 0
     stores = {
         "TrainJob": cache.trainjobs,
         "TrainingRuntime": cache.training_runtimes,
@@ -83,6 +84,8 @@ def served(cache: Cache, backend: str = "native") -> None:
     """As discovery and the watches leave a backend: its API served and its objects listed (the
     stores that have not listed yet, empty)."""
     cache.apis[backend] = "served"
+    if not cache.jobsets.synced:  # listed, none yet: every TrainJob at restart attempt 0
+        cache.jobsets.replace([])
     found = cache.backends.named(backend)
     assert found is not None, backend
     for kind in found.kinds:

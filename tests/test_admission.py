@@ -451,6 +451,7 @@ async def test_review_lines_go_out_together_in_time_and_before_other_lines() -> 
 
 def test_trainjob_before_the_runtimes_are_listed_is_denied_as_such(tmp_path: Path) -> None:
     cache = Cache(connected=True)
+    cache.jobsets.replace([])  # listed, none: restart attempt 0
     for store in cache.stores:
         store.replace([])
     with running_server(cache, tmp_path / "certs") as srv, srv.client() as c:

@@ -492,6 +492,7 @@ def test_admission_says_what_topology_claims_and_disruption_become() -> None:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[httpx.Client, Cache]]:
     cache = Cache(connected=True)
+    cache.jobsets.replace([])  # listed, none: restart attempt 0
     cache.cluster_runtimes.replace([gpu_runtime(), gpu_runtime("cos-slurm", SLURM)])
     cache.training_runtimes.replace([])
     trainjobs = [gpu_trainjob(), gpu_trainjob("slurm-job", "cos-slurm"), gpu_trainjob("unserved")]

@@ -362,6 +362,7 @@ def kai_cache(
     raw_runtime: Json, kai: KaiSettings | None = None, classes: tuple[str, ...] = ()
 ) -> Cache:
     cache = Cache(connected=True, backends=default_backends(kai=kai))
+    cache.jobsets.replace([])  # listed, none: restart attempt 0
     cache.cluster_runtimes.replace([raw_runtime])
     cache.trainjobs.replace([])
     cache.training_runtimes.replace([])

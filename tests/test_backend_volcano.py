@@ -435,6 +435,7 @@ def test_status_reads_the_phase_and_the_unschedulable_reason(
 def test_gang_metrics_count_volcano_podgroups_and_time_them_once() -> None:
     metrics = Metrics()
     cache = Cache(connected=True)
+    cache.jobsets.replace([])  # listed, none: restart attempt 0
     GangTracker(metrics, cache, clock=lambda: 1767225600.0 + 600)
     store = cache.store(POD_GROUP)
 
@@ -472,6 +473,7 @@ def volcano_cache(priority_classes: tuple[str, ...] = ("high",)) -> Cache:
     """A synced cache of a cluster that serves Volcano: the runtime, its TrainJob, the
     PriorityClasses that exist, and no PodGroups yet."""
     cache = Cache(connected=True, backends=default_backends(volcano=TIERS))
+    cache.jobsets.replace([])  # listed, none: restart attempt 0
     cache.cluster_runtimes.replace([mpi_runtime()])
     cache.training_runtimes.replace([])
     cache.trainjobs.replace([frozen(cache, mpi_trainjob(4, uid=TJ_UID))])

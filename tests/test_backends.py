@@ -227,6 +227,7 @@ def review(obj: Json) -> Json:
 
 def cache_with(raw_runtime: Json, priority_classes: list[str] | None = None) -> Cache:
     cache = Cache(connected=True)
+    cache.jobsets.replace([])  # listed, none: restart attempt 0
     cache.cluster_runtimes.replace([raw_runtime])
     cache.trainjobs.replace([])
     cache.training_runtimes.replace([])
@@ -374,6 +375,7 @@ def pod_cache() -> Cache:
     """The fixture pod's TrainJob (team-a/my-job, frozen) on a level-1 runtime, native API
     served."""
     cache = Cache(connected=True)
+    cache.jobsets.replace([])  # listed, none: restart attempt 0
     cache.cluster_runtimes.replace([cluster_runtime("torch-distributed")])
     tj = stored_trainjob("my-job")
     tj["metadata"]["uid"] = TRAINJOB_UID

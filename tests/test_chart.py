@@ -248,6 +248,73 @@ def test_the_deployment_is_production_grade(default: Rendered) -> None:
     assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
 
 
+def _sizing_rule() -> dict[str, float]:
+    """The sizing rule's figures, as docs/architecture/benchmarks.md ("Sizing") writes them:
+    written there once, and the chart's template must compute what they say."""
+    page = (REPO / "docs" / "architecture" / "benchmarks.md").read_text()
+    section = page[page.index("## Sizing") :]
+
+    def figure(row: str, unit: str) -> float:
+        found = re.search(rf"^\| {row}[^|]* \| ([\d/]+) ?{unit} \|", section, re.M)
+        assert found, row
+        number = found[1]
+        if "/" in number:
+            top, bottom = number.split("/")
+            return int(top) / int(bottom)
+        return int(number)
+
+    return {
+        "base": figure("base", "MiB"),
+        "running": figure(r"per running TrainJob \(`sizing.expectedTrainJobs`\)", "KiB"),
+        "finished": figure(r"per finished TrainJob \(`sizing.expectedFinishedTrainJobs`\)", "KiB"),
+        "foreign": figure(r"per other controller's .*`sizing.expectedForeignGangObjects`", "KiB"),
+        "relist": figure("headroom for a relist", "MiB"),
+        "churn": figure("headroom for churn", ""),
+    }
+
+
+def _by_the_rule(running: int, finished: int, foreign: int) -> tuple[str, str]:
+    """(request, limit) as the doc's rule computes them, rounded up to whole MiB."""
+    rule = _sizing_rule()
+    cache = rule["running"] * running + rule["finished"] * finished + rule["foreign"] * foreign
+    request = rule["base"] + -(-cache // 1024)
+    limit = request + rule["relist"] + -(-(cache * rule["churn"]) // 1024)
+    return f"{int(request)}Mi", f"{int(limit)}Mi"
+
+
+@pytest.mark.parametrize(
+    "sized", [None, (0, 0, 0), (1, 1, 1), (10_000, 70_000, 10_000), (123, 4_567, 89)]
+)
+def test_the_memory_follows_the_sizing_rule_the_docs_write(
+    sized: tuple[int, int, int] | None,
+) -> None:
+    names = ("expectedTrainJobs", "expectedFinishedTrainJobs", "expectedForeignGangObjects")
+    values = {"sizing": dict(zip(names, sized, strict=True))} if sized else {}
+    defaults = yaml.safe_load((CHART / "values.yaml").read_text())["sizing"]
+    counts = sized or tuple(defaults[n] for n in names)
+    resources = render(values).container["resources"]
+    request, limit = _by_the_rule(*counts)
+    assert (resources["requests"]["memory"], resources["limits"]["memory"]) == (request, limit)
+    assert (resources["requests"]["cpu"], resources["limits"]["cpu"]) == ("100m", "1")
+    page = (REPO / "docs" / "architecture" / "benchmarks.md").read_text()
+    if sized == (10_000, 70_000, 10_000):  # the page's worked example
+        assert f"request {request[:-2]} Mi, limit {limit[:-2]} Mi" in page
+    if sized is None:  # and its defaults
+        assert f"give {request[:-2]} Mi and {limit[:-2]} Mi" in page
+
+
+def test_memory_set_in_resources_wins_over_the_sizing() -> None:
+    sized = {"sizing": {"expectedTrainJobs": 10_000}}
+    both = render({**sized, "resources": {"requests": {"memory": "1Gi"},
+                                          "limits": {"memory": "2Gi"}}})  # fmt: skip
+    resources = both.container["resources"]
+    assert (resources["requests"]["memory"], resources["limits"]["memory"]) == ("1Gi", "2Gi")
+    one = render({**sized, "resources": {"limits": {"memory": "2Gi"}}}).container["resources"]
+    assert one["limits"]["memory"] == "2Gi"
+    assert one["requests"]["memory"] == _by_the_rule(10_000, 20_000, 2_000)[0]
+    assert "at '/sizing/expectedTrainJobs'" in refused({"sizing": {"expectedTrainJobs": -1}})
+
+
 def test_the_optional_pod_settings_are_rendered() -> None:
     r = render(COMBINATIONS["extra-args"])
     pod = r.deployment["spec"]["template"]
@@ -720,6 +787,8 @@ def cluster_self(backends: tuple[str, ...]) -> set[tuple[str, str, str, str]]:
     (TRAINER, "trainjobs/finalizers", "update", ""),
     (TRAINER, "trainjobs/status", "patch", ""),  # the GangScheduling condition
     *(("", "pods", v, "") for v in ("list", "watch")),  # gang health: JobSet's pods, counted
+    *(("jobset.x-k8s.io", "jobsets", v, "") for v in ("list", "watch")),  # restart attempts
+    ("batch", "jobs", "patch", ""),  # wakes the Jobs whose pods were held
     *((SCHEDULING, "priorityclasses", v, "") for v in ("list", "watch")),
     *(("", "nodes", v, "") for v in ("list", "watch")),  # feasibility at admission
     # The gang objects: what each backend the chart runs says it needs.

@@ -192,6 +192,7 @@ def test_pods_of_an_untargeted_replicated_job_get_no_group() -> None:
     )
     tj = trainjob("my-job", num_nodes=2)
     cache = Cache(connected=True)
+    cache.jobsets.replace([])  # listed, none: restart attempt 0
     cache.cluster_runtimes.replace([rt])
     cache.trainjobs.replace([frozen(cache, tj)])
     served(cache, "native")

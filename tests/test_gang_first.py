@@ -50,6 +50,7 @@ async def service(k: VersionedEmulator, url: str, settings: WriterSettings) -> A
     """The reconciler with its status writer and Events, as `serve` wires them."""
     api = ApiClient(configuration=Configuration(host=url))
     cache = Cache(connected=True)
+    cache.jobsets.replace([])  # listed, none: restart attempt 0
     cache.kind_states[COMPOSITE] = "not-served"
     served(cache, "native")
     native = cache.backends.named("native")

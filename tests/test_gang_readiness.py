@@ -38,6 +38,7 @@ async def replica(url: str) -> AsyncIterator[tuple[Cache, Readiness]]:
     """The watches, discovery and the gang readiness checks, as `serve` wires them."""
     api = ApiClient(configuration=Configuration(host=url))
     cache = Cache(connected=True)
+    cache.jobsets.replace([])  # listed, none: restart attempt 0
     readiness = Readiness(GangReadiness(cache).checks())
     assert readiness.failing() == ["discovery"]  # nothing said yet: not a gang kind is known
     watch = BackendApiWatch(api, cache, lambda kind: kind_informers(api, cache, kind), period=0.1)

@@ -114,9 +114,25 @@ def test_a_frozen_trainjobs_pod_is_tied_to_its_incarnations_group(server: Runnin
         name = naming.workload_name(NS, NAME, uid_of(cache))  # level 1: the Workload's name
         assert tied_to(answer(client, review())) == name
         assert tied_to(answer(client, review(attempt=None))) == name  # no label: attempt 0
-        # A JobSet restart: its own PodGroup, never the previous attempt's.
+        # A pod that claims another attempt than its JobSet's (forged, or of one that is over)
+        # is held: it would make, or join, a gang of its own.
+        held(answer(client, review(attempt="2")), "says attempt 2, its JobSet is at attempt 0")
+        # A JobSet restart (its status.restarts counts it): its own PodGroup, never the
+        # previous attempt's.
+        cache.jobsets.replace([jobset(uid_of(cache), restarts=2)])
         assert tied_to(answer(client, review(attempt="2"))) == naming.for_attempt(name, 2)
         assert naming.for_attempt(name, 2) != name
+        held(answer(client, review()), "says attempt 0, its JobSet is at attempt 2")
+
+
+def jobset(trainjob_uid: str, restarts: int) -> dict[str, Any]:
+    """The TrainJob's JobSet as the cache keeps it (`kube/jobsets.py`)."""
+    owner = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "name": NAME,
+             "uid": trainjob_uid, "controller": True}  # fmt: skip
+    return {
+        "metadata": {"name": NAME, "namespace": NS, "uid": "js", "ownerReferences": [owner]},
+        "status": {"restarts": restarts},
+    }
 
 
 def test_a_version_1_snapshot_keeps_the_names_of_the_release_that_froze_it(
@@ -225,7 +241,9 @@ def test_a_pod_is_never_tied_to_a_terminating_or_foreign_pod_group(server: Runni
         store.replace([pod_group(name, "", labelled=False)])  # forged by a tenant
         held(answer(client, review()), "exists but is not this TrainJob's")
         # Another attempt's PodGroup name is free: the restart's pods are tied.
+        cache.jobsets.replace([jobset(uid, restarts=1)])
         assert tied_to(answer(client, review(attempt="1"))) == naming.for_attempt(name, 1)
+        cache.jobsets.replace([])
         # Controlled by the TrainJob but made by another controller (Trainer's own workload-
         # aware scheduling): the service stands down, its pods are let through and counted.
         store.replace([pod_group(name, uid, labelled=False)])

@@ -215,6 +215,7 @@ async def test_nodes_are_listed_in_pages_into_the_summary_and_followed() -> None
         for i in range(5):
             await create(k, NODES, node(f"n-{i}", zone="zone-a", gpus=8))
         cache = Cache(connected=True)
+        cache.jobsets.replace([])  # listed, none: restart attempt 0
         informer = kube_client.node_informer(api, cache)
         informer.page_size = 2  # 500 in the service: 3 pages here
         async with running(informer):
@@ -465,6 +466,7 @@ async def test_plan_for_follows_the_runtime_and_trainjob_in_the_cluster() -> Non
     pod = fixture("pod-create-by-job-controller.mutate.json")["request"]["object"]
     async with emulator() as (k, url), api_client(url) as api:
         cache = Cache(connected=True)
+        cache.jobsets.replace([])  # listed, none: restart attempt 0
         async with running(*kube_client.informers(api, cache)):
             await eventually(lambda: cache.synced, "all three stores synced")
             assert cache.plan_for("team-a", "my-job").state == "no-trainjob"

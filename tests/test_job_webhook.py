@@ -150,6 +150,7 @@ def test_level_3_jobs_each_name_their_own_gang() -> None:
     )
     tj = trainjob(NAME, num_nodes=4)
     cache = Cache(connected=True)
+    cache.jobsets.replace([])  # listed, none: restart attempt 0
     cache.cluster_runtimes.replace([rt])
     cache.training_runtimes.replace([])
     cache.trainjobs.replace([frozen(cache, tj)])

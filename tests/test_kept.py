@@ -1,8 +1,10 @@
 """The cache keeps of a TrainJob only what its readers read, and of a finished one a tombstone
-(issue 27 part 4, `webhook/core/kept.py`). Pinned here: every sample and fixture TrainJob, in
-every state, as a real API server stores it (the trainer's image, command and env, Trainer's
-jobsStatus and other conditions, owners, finalizers), plans, checks, is judged and gets the same
-condition kept as whole. A reader of a field the allowlist drops fails here.
+(issue 27 part 4, issue 37 part 2, `webhook/core/kept.py`). Pinned here: every sample and
+fixture TrainJob, in every state, as a real API server stores it (the trainer's image, command
+and env, Trainer's jobsStatus and other conditions, owners, finalizers), plans, checks, is
+judged and gets the same condition kept as whole; a finished one is answered for as before
+(its gang released whenever the whole one's was), and tombstones alike share their parts. A
+reader of a field the allowlist drops fails here.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from webhook.core.fields import parse
 from webhook.core.kept import finished, kept_trainjob
 from webhook.core.lifecycle import is_finished, no_gang_reason
 from webhook.core.plan import PlanningError, build_plan
-from webhook.core.snapshot import SNAPSHOT_ANNOTATION, from_text, snapshot_of
+from webhook.core.snapshot import SNAPSHOT_ANNOTATION, from_text, snapshot, snapshot_of
 from webhook.core.trainer import Runtime, TrainJob
 from webhook.core.validation import check_stored_runtime, check_trainjob
 from webhook.kube.cache import FINISHED, Cache
@@ -162,7 +164,7 @@ def variants(raw: Json) -> Iterator[tuple[str, Json]]:
     bad = copy.deepcopy(raw)
     bad["spec"]["trainer"]["resourcesPerNode"] = {"requests": {"nvidia.com/gpu": "lots"}}
     yield "bad-quantity", bad
-    invalid_done = copy.deepcopy(bad)  # said InvalidScheduling, not released: as before
+    invalid_done = copy.deepcopy(bad)  # a tombstone plans: said Finished (it had no gang)
     invalid_done["status"]["conditions"].append(_condition("Complete"))
     yield "bad-quantity-complete", invalid_done
 
@@ -245,11 +247,7 @@ def test_planning_from_what_the_cache_keeps_equals_planning_from_the_whole(store
     b, _ = parse(TrainJob, kept)
     assert a is not None and b is not None
     # What the reconciler and the pod webhook read, and plan from.
-    assert planned(a, whole) == planned(b, kept)
     assert snapshot_of(whole) == snapshot_of(kept)
-    for runtime in runtimes():
-        checked = check_stored_runtime(parse_runtime(runtime))
-        assert check_trainjob(a, checked) == check_trainjob(b, checked)
     assert (a.runtime_kind, a.spec.runtime_ref, a.namespace) == (
         b.runtime_kind, b.spec.runtime_ref, b.namespace
     )  # fmt: skip
@@ -257,25 +255,58 @@ def test_planning_from_what_the_cache_keeps_equals_planning_from_the_whole(store
         is_finished(b), no_gang_reason(b), lifecycle_of(b)
     )  # fmt: skip
     assert finished(whole) == is_finished(a)
-    for key in ("uid", "resourceVersion", "generation", "creationTimestamp", "deletionTimestamp"):
+    for key in ("uid", "resourceVersion", "generation", "deletionTimestamp"):
         assert whole["metadata"].get(key) == kept["metadata"].get(key), key
     assert regarding(whole) == regarding(kept)
-    # What the status writer reads, and decides.
     assert cond.stored_condition(whole) == cond.stored_condition(kept)
-    assert condition_of(WHOLE, whole) == condition_of(KEPT, kept)
-    plan = planned(a, whole)[0]
     if is_finished(a):
-        assert "labels" not in kept["metadata"]  # a tombstone
-        assert set(kept["metadata"].get("annotations", {})) <= {SNAPSHOT_ANNOTATION}
+        _a_tombstone_answers_as_the_whole_did(whole, kept, a, b)
         return
+    assert planned(a, whole) == planned(b, kept)
+    for runtime in runtimes():
+        checked = check_stored_runtime(parse_runtime(runtime))
+        assert check_trainjob(a, checked) == check_trainjob(b, checked)
+    assert whole["metadata"].get("creationTimestamp") == kept["metadata"]["creationTimestamp"]
+    # What the status writer decides.
+    assert condition_of(WHOLE, whole) == condition_of(KEPT, kept)
     # What the gang backends read (queues, topology), and feasibility.
     assert Context.of(whole) == Context.of(kept)
+    plan = planned(a, whole)[0]
     if not isinstance(plan, tuple) and plan is not None:
         runtime = planned(a, whole)[1].runtime
         assert gangs_of(plan, runtime, a) == gangs_of(plan, runtime, b)
         for rj in runtime.replicated_jobs:
             assert a.pod_patches(rj.name) == b.pod_patches(rj.name)
             assert a.scheduler_of(rj) == b.scheduler_of(rj)
+
+
+def _a_tombstone_answers_as_the_whole_did(
+    whole: Json, kept: Json, a: TrainJob, b: TrainJob
+) -> None:
+    """A finished TrainJob's tombstone: its identity, snapshot and what decides whether the
+    reconciler's pass releases its gang, nothing else (issue 37). Its gang is released whenever
+    the whole one's was; one whose plan failed only on what the tombstone drops (resources,
+    runtime patches: it never had a gang) is said Finished rather than InvalidScheduling."""
+    meta = kept["metadata"]
+    assert {"labels", "creationTimestamp"}.isdisjoint(meta)
+    assert set(meta.get("annotations", {})) <= {SNAPSHOT_ANNOTATION}
+    assert set(kept["spec"]) <= {"runtimeRef", "trainer", "suspend", "managedBy"}
+    assert set(kept["spec"].get("trainer", {})) <= {"numNodes"}
+    before, after = planned(a, whole)[0], planned(b, kept)[0]
+    if isinstance(before, tuple):  # the whole did not plan: errors only go away
+        assert not isinstance(after, tuple) or set(after) <= set(before), (before, after)
+    else:
+        assert not isinstance(after, tuple), after  # planned, so released, as the whole was
+        assert (before is None) == (after is None)
+        if before is not None and after is not None:
+            assert (before.workload_name, before.trainjob_uid) == (
+                after.workload_name, after.trainjob_uid
+            )  # fmt: skip
+    said_before, said_now = condition_of(WHOLE, whole), condition_of(KEPT, kept)
+    if isinstance(before, tuple) and not isinstance(after, tuple):
+        assert said_now[0] == cond.decide(cond.Situation("finished"), None, NOW)
+    else:
+        assert said_now == said_before
 
 
 def parse_runtime(raw: Json) -> Runtime:
@@ -375,3 +406,73 @@ def test_a_finished_condition_keeps_what_is_read_of_it() -> None:
     assert [c["type"] for c in conditions] == [cond.CONDITION_TYPE, "Failed"]
     assert conditions[0] == raw["status"]["conditions"][1]  # the service's own, whole
     assert conditions[1] == {"type": "Failed", "status": "True"}
+
+
+def _done(name: str, raw: Json, said: bool = False) -> Json:
+    """`raw` as a finished TrainJob named `name`, as a watch brings it (its own JSON); `said`:
+    the service's condition says Finished already."""
+    done: Json = orjson.loads(orjson.dumps(raw))
+    done["metadata"].update(name=name, uid=f"uid-{name}")
+    done["status"]["conditions"].append(_condition("Complete"))
+    if said:
+        (gang,) = [c for c in done["status"]["conditions"] if c["type"] == cond.CONDITION_TYPE]
+        desired = cond.decide(cond.Situation("finished"), gang, NOW)
+        assert desired is not None
+        gang.update(cond.condition(desired, gang, 3, NOW))
+    return done
+
+
+def test_tombstones_alike_share_their_parts_and_keep_their_identity() -> None:
+    """Finished TrainJobs of one runtime and size share one spec, one snapshot annotation and
+    one status; each keeps its own name, uid and resourceVersion."""
+    store = TrainJobStore("trainjobs")
+    raw = frozen(WHOLE, as_stored(fixture("trainjob-create.validate.json")["request"]["object"]))
+    for i in range(3):
+        store.apply("ADDED", _done(f"done-{i}", raw, said=True))
+    other = copy.deepcopy(raw)
+    other["spec"]["trainer"]["numNodes"] = 7
+    store.apply("ADDED", _done("other-size", other, said=True))
+    tombstones = [e.raw for _, e in store.items()]
+    first, *alike, different = tombstones
+    for t in alike:
+        assert t["spec"] is first["spec"] and t["status"] is first["status"]
+        assert t["metadata"]["annotations"] is first["metadata"]["annotations"]
+        assert t["metadata"] is not first["metadata"]
+    assert different["spec"] is not first["spec"] and different["status"] is first["status"]
+    assert [t["metadata"]["uid"] for t in tombstones] == [
+        "uid-done-0", "uid-done-1", "uid-done-2", "uid-other-size"
+    ]  # fmt: skip
+    # Once Finished is said, only what the status writer compares is kept, and it still
+    # finds nothing to write.
+    gang = cond.stored_condition(first)
+    assert gang is not None and set(gang) == {"type", "status", "reason", "message"}
+    desired = cond.decide(cond.Situation("finished"), gang, NOW)
+    assert desired is not None and cond.unchanged(gang, desired)
+
+
+def test_the_shared_parts_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("webhook.kube.trainjobstore.SHARED_PARTS", 8)
+    store = TrainJobStore("trainjobs")
+    raw = frozen(WHOLE, as_stored(fixture("trainjob-create.validate.json")["request"]["object"]))
+    for i in range(50):  # 50 sizes: 50 specs, one snapshot, one status
+        sized = copy.deepcopy(raw)
+        sized["spec"]["trainer"]["numNodes"] = i + 1
+        store.apply("ADDED", _done(f"done-{i}", sized))
+    assert len(store._parts) == 8  # private: what the store remembers
+    assert {e.raw["spec"]["trainer"]["numNodes"] for _, e in store.items()} == set(range(1, 51))
+
+
+@pytest.mark.parametrize("gang", [True, False], ids=["frozen-gang", "frozen-no-gang"])
+def test_a_tombstone_still_tells_a_frozen_gang_from_a_frozen_no_gang(gang: bool) -> None:
+    """The pod webhook holds the pods of a finished TrainJob whose gang was frozen
+    (TrainJobFinished) and admits those of one frozen without a gang: the shared snapshot
+    tells them apart, in one store."""
+    cache = caches()[1]
+    raw = frozen(cache, as_stored(fixture("trainjob-create.validate.json")["request"]["object"]))
+    no_gang = copy.deepcopy(raw)
+    no_gang["metadata"]["annotations"][SNAPSHOT_ANNOTATION] = snapshot(None)
+    cache.trainjobs.apply("ADDED", _done("with-gang", raw))
+    cache.trainjobs.apply("ADDED", _done("without-gang", no_gang))
+    name = "with-gang" if gang else "without-gang"
+    lookup = cache.plan_for(raw["metadata"]["namespace"], name)
+    assert lookup.state == ("finished" if gang else "frozen-no-gang")

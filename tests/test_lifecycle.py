@@ -291,22 +291,54 @@ async def condition_reason(k: VersionedEmulator, reason: str) -> dict[str, Any]:
 
 
 async def test_a_jobset_restart_is_a_new_gang_admitted_whole(tmp_path: Path) -> None:
-    """JobSet deletes every Job and makes them again with restart-attempt + 1: the new pods
-    name the restart's own PodGroup (made once the pod watch sees them), never the old gang's,
-    which goes once the old pods have ended."""
+    """JobSet counts a restart in its status.restarts, deletes every Job and makes them again
+    with restart-attempt + 1: the reconciler makes the restart's own PodGroup at once (the
+    attempt is read from the JobSet, not from pods), the new pods are tied to it, and the old
+    gang's PodGroup is never deleted while its pods are there; it goes once they have ended."""
     async with cluster(tmp_path) as (s, jobs):
         uid, first = await a_running_gang(s, jobs)
+        old = first["metadata"]["name"]
+        s.cache.jobsets.replace([jobset_of(uid, restarts=1)])  # as its watch brings it
+        restart = naming.for_attempt(old, 1)
+        group = await the_gang_of(s.k, uid, attempt=1)  # before any pod of the restart
+        assert group["spec"]["schedulingPolicy"] == {"gang": {"minCount": NUM_NODES}}
+        assert pod_group(s.k, old) is not None  # its pods are still there
+        assert not (pod_group(s.k, old) or {}).get("metadata", {}).get("deletionTimestamp")
         for o in [o for (r, _, _), o in list(s.k.objects.items()) if r == PODS]:
             await delete(s.k, PODS, NS, o.raw["metadata"]["name"])
         pods = await jobs.gang(attempt=1)
-        restart = naming.for_attempt(first["metadata"]["name"], 1)
         assert [group_of(p) for p in pods] == [restart] * NUM_NODES
-        group = await the_gang_of(s.k, uid, attempt=1)
-        assert group["spec"]["schedulingPolicy"] == {"gang": {"minCount": NUM_NODES}}
         await pods_gone(s.k)
-        await eventually(lambda: pod_group(s.k, first["metadata"]["name"]) is None, "old gone")
+        await eventually(lambda: pod_group(s.k, old) is None, "old gone")
         assert set(tied_pods(s.k).values()) == {restart}
         assert [p["metadata"]["name"] for p in live_pod_groups(s.k)] == [restart]
+
+
+async def test_a_pod_that_forges_a_restart_attempt_changes_nothing(tmp_path: Path) -> None:
+    """Anyone who may create a pod can label one `restart-attempt: "9"`: it is held (its JobSet
+    is at attempt 0), and the running gang's PodGroup stays where it is."""
+    async with cluster(tmp_path) as (s, jobs):
+        _, first = await a_running_gang(s, jobs)
+        assert await jobs.create_pod(0, attempt=9) is None
+        assert "says attempt 9, its JobSet is at attempt 0" in jobs.held[-1]
+        s.reconciler.resync()
+        await asyncio.sleep(0.5)
+        still = pod_group(s.k, first["metadata"]["name"])
+        assert still is not None and still["metadata"]["uid"] == first["metadata"]["uid"]
+        assert not still["metadata"].get("deletionTimestamp")
+        assert not events(s.k, "Deleted")
+
+
+def jobset_of(trainjob_uid: str, restarts: int) -> dict[str, Any]:
+    """The TrainJob's JobSet as its watch brings it (trimmed: owner and restart attempt)."""
+    owner = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "name": NAME,
+             "uid": trainjob_uid, "controller": True}  # fmt: skip
+    return {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+        "metadata": {"name": NAME, "namespace": NS, "uid": "js-uid", "resourceVersion": "1",
+                     "ownerReferences": [owner]},
+        "status": {"restarts": restarts},
+    }  # fmt: skip
 
 
 # --- a forged or leftover PodGroup with the computed name ----------------------------------------
@@ -558,9 +590,9 @@ async def test_a_trainjob_that_completes_shrinks_to_a_tombstone_and_its_pods_are
     tmp_path: Path,
 ) -> None:
     """Trainer says Complete: the reconciler releases the gang and says Finished, as it did; the
-    cache keeps a tombstone (identity, the runtime snapshot, the spec planning reads, the
-    conditions read: no labels, no trainer image, no memoised plan); a pod made for it then is
-    held with that reason, never admitted loose nor tied to the released gang."""
+    cache keeps a tombstone (identity, the runtime snapshot, what decides its release, the
+    conditions read: no labels, no trainer image nor resources, no memoised plan); a pod made
+    for it then is held with that reason, never admitted loose nor tied to the released gang."""
     async with cluster(tmp_path) as (s, jobs):
         await create(s.k, CLUSTER_RUNTIMES, cluster_runtime())
         tj = small_trainjob()
@@ -595,7 +627,8 @@ async def test_a_trainjob_that_completes_shrinks_to_a_tombstone_and_its_pods_are
         meta = entry.raw["metadata"]
         assert "labels" not in meta and list(meta["annotations"]) == [SNAPSHOT_ANNOTATION]
         assert meta["uid"] == created["metadata"]["uid"]
-        assert entry.raw["spec"]["trainer"] == trainer  # what planning reads
+        # What decides its release (issue 37): numNodes, not the resources per node.
+        assert entry.raw["spec"]["trainer"] == {"numNodes": trainer["numNodes"]}
         types = sorted(c["type"] for c in entry.raw["status"]["conditions"])
         assert types == ["Complete", cond.CONDITION_TYPE]
 

@@ -63,6 +63,7 @@ class Gangs:
     def __init__(self) -> None:
         self.metrics = Metrics()
         self.cache = Cache(connected=True)
+        self.cache.jobsets.replace([])  # listed, none: restart attempt 0
         self.store = self.cache.store(POD_GROUP)
         self.now = T0 + 600
         self.tracker = GangTracker(self.metrics, self.cache, clock=lambda: self.now)

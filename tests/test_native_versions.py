@@ -59,6 +59,7 @@ async def replica(url: str) -> AsyncIterator[tuple[Cache, NativeBackend]]:
     """Watches, discovery and a reconciler, in this process, as `serve` wires them."""
     api = ApiClient(configuration=Configuration(host=url))
     cache = Cache(connected=True)
+    cache.jobsets.replace([])  # listed, none: restart attempt 0
     native = cache.backends.named("native")
     assert isinstance(native, NativeBackend)
     events = EventRecorder(api, CONTROLLER, "test-replica", dedupe_for=0.0)

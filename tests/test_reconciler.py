@@ -114,6 +114,7 @@ class World:
         self.api = ApiClient(configuration=Configuration(host=self.url))
         self.api.user_agent = self.identity  # lets a reaction pick this replica's requests
         self.cache = Cache(connected=True)
+        self.cache.jobsets.replace([])  # listed, none: restart attempt 0
         self.cache.kind_states[COMPOSITE] = "served" if self.composites else "not-served"
         watches = informers(self.api, self.cache)
         for backend in self.cache.backends.backends:

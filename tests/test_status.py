@@ -81,6 +81,7 @@ class Service:
         self.api = ApiClient(configuration=Configuration(host=url))
         self.api.user_agent = identity  # lets a test pick this replica's requests
         self.cache = Cache(connected=True)
+        self.cache.jobsets.replace([])  # listed, none: restart attempt 0
         self.cache.kind_states[COMPOSITE] = "not-served"
         self.cache.apis["native"] = "served" if served else "not-served"
         self.metrics = Metrics()
@@ -725,6 +726,7 @@ async def test_a_situation_walks_the_jobs_once_whatever_the_groups() -> None:
     jobs = Jobs(pods.jobs(plan.namespace, plan.trainjob_name))
     pods.jobs = lambda namespace, jobset: jobs  # type: ignore[method-assign]
     cache = Cache(connected=True)
+    cache.jobsets.replace([])  # listed, none: restart attempt 0
     nowhere: Any = None
     writer = StatusWriter(cache, nowhere, nowhere, pods)
     backend = cache.backends.named("native")

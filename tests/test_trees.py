@@ -365,6 +365,7 @@ def test_the_pod_webhook_ties_each_pod_to_its_leaf_over_https(tmp_path: Path) ->
     tj["metadata"]["uid"] = TRAINJOB_UID
     plan = plan_of(tree_runtime)
     cache = Cache(connected=True)
+    cache.jobsets.replace([])  # listed, none: restart attempt 0
     cache.cluster_runtimes.replace([tree_runtime])
     cache.training_runtimes.replace([])
     cache.trainjobs.replace([frozen(cache, tj)])
@@ -532,6 +533,7 @@ def runtime_review(obj: Json) -> Json:
 
 def test_a_tree_is_denied_where_composite_pod_groups_are_not_served(tmp_path: Path) -> None:
     cache = Cache(connected=True)
+    cache.jobsets.replace([])  # listed, none: restart attempt 0
     for store in cache.stores:
         store.replace([])
     cache.kind_states[COMPOSITE] = "not-served"
@@ -671,6 +673,7 @@ def on_scheduler(raw: Json, scheduler: str) -> Json:
 async def test_another_backends_tree_is_denied_and_never_made(backend: str, tmp_path: Path) -> None:
     tree = on_scheduler(zone_block_rack(), OTHER_SCHEDULERS[backend])
     cache = Cache(connected=True)
+    cache.jobsets.replace([])  # listed, none: restart attempt 0
     for store in cache.stores:
         store.replace([])
     cache.kind_states[COMPOSITE] = "served"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 import sys
@@ -54,6 +55,16 @@ def with_preemption(raw: Json, **policies: list[int]) -> Json:
         for i in indexes:
             jobs[i]["template"]["spec"]["template"]["spec"]["preemptionPolicy"] = policy
     return raw
+
+
+def with_failure_policy(raw: Json, action: str, strategy: str | None = None) -> Json:
+    """`raw` whose JobSet fails a Job by `action` (its second rule: the first is FailJobSet)."""
+    out = copy.deepcopy(raw)
+    policy: Json = {"rules": [{"action": "FailJobSet"}, {"action": action}]}
+    if strategy is not None:
+        policy["restartStrategy"] = strategy
+    out["spec"]["template"]["spec"]["failurePolicy"] = policy
+    return out
 
 
 def with_jobset_scheduling(raw: Json) -> Json:
@@ -380,6 +391,19 @@ RULES = [
         "spec.template.spec.scheduling",
         ErrorType.FORBIDDEN,
         "JobSet scheduling must not be set, it is owned by the TrainJob controller",
+    ),
+    Rule(
+        "restart-job-recreates-one-job-of-a-gang",
+        # RestartJobSet (and InPlaceRestart, pods restarted where they are bound) restart a gang
+        # whole; the same RestartJob without spec.scheduling is no gang's business.
+        with_failure_policy(
+            runtime(torch_node(), scheduling={}), "RestartJobSet", "InPlaceRestart"
+        ),
+        with_failure_policy(runtime(torch_node(), scheduling={}), "RestartJob"),
+        "spec.template.spec.failurePolicy.rules[1].action",
+        ErrorType.INVALID,
+        "RestartJob recreates one Job of a running gang, whose new pods would join a gang the "
+        "scheduler already admitted",
     ),
     Rule(
         "job-scheduling-owned",

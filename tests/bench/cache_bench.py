@@ -18,25 +18,36 @@ dropped (managedFields and the last-applied annotation: what the cache kept of a
 `core/kept.py`), and in the service's own stores (a TrainJob as its readers read it, a finished
 one as a tombstone; anyone else's gang objects as stubs, `kube/gangstore.py`). For the running
 TrainJobs, the plan each one memoises when the pod webhook or reconciler first asks is measured
-too; a finished one (Trainer's Complete condition, its jobs succeeded) memoises none.
+too; a finished one (Trainer's Complete condition, its jobs succeeded) memoises none. A running
+TrainJob's own gang objects (the native backend's Workload and PodGroup, as the API server
+stores them) are measured too: the per-running-TrainJob figure of the sizing rule is the three.
+
+Last, a relist after every TrainJob changed (an API server restart): the peak beyond the store
+while the informer lists in pages, as it does (each page into the store as it comes), and as
+it did before (the whole list built beside the store, then swapped in).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import copy
 import gc
 import tracemalloc
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import orjson
 
 from tests.bench.reconcile_bench import cluster_runtime, snapshot_annotations
-from webhook.backends.native import POD_GROUP
+from webhook.backends.base import Context
+from webhook.backends.native import POD_GROUP, WORKLOAD
 from webhook.core.condition import FIELD_MANAGER
+from webhook.kube import informer as informer_module
+from webhook.kube import rest
 from webhook.kube.cache import Cache
-from webhook.kube.store import LAST_APPLIED, Store, key_of
+from webhook.kube.informer import Informer, Resource
+from webhook.kube.store import LAST_APPLIED, EventType, Store, key_of
 
 Json = dict[str, Any]
 TIME = "2026-12-01T09:00:00Z"
@@ -276,6 +287,121 @@ def foreign_podgroup(i: int) -> Json:
     }
 
 
+def own_gang_objects(found: Cache, i: int, runtime_obj: Json) -> list[Json]:
+    """The Workload and PodGroup the native backend makes for `trainjob(i)`, as the API server
+    stores them (uid, resourceVersion, the service's managedFields, a scheduled status)."""
+    raw = trainjob(i, runtime_obj)
+    namespace, name = raw["metadata"]["namespace"], raw["metadata"]["name"]
+    found.trainjobs.apply("ADDED", raw)
+    plan = found.plan_for(namespace, name).plan
+    found.trainjobs.apply("DELETED", raw)
+    assert plan is not None, name
+    backend = found.backends.named("native")
+    assert backend is not None
+    objects = backend.render(plan, Context.of(raw))
+    for n, obj in enumerate(objects):
+        meta = obj["metadata"]
+        meta.update(uid=f"9a1b2c3d-0000-4000-8000-{i:010d}{n:02d}", generation=1,
+                    resourceVersion=str(300_000 + 2 * i + n), creationTimestamp=TIME)  # fmt: skip
+        meta["managedFields"] = [
+            {"apiVersion": obj["apiVersion"], "fieldsType": "FieldsV1", "manager": FIELD_MANAGER,
+             "operation": "Update", "time": TIME,
+             "fieldsV1": _fields(spec={".": {}}, metadata={"f:labels": {}})}
+        ]  # fmt: skip
+        if obj["kind"] == "PodGroup":
+            obj["status"] = {"conditions": [{"type": "PodGroupScheduled", "status": "True",
+                             "reason": "Scheduled", "message": "", "lastTransitionTime": TIME,
+                             "observedGeneration": 1}]}  # fmt: skip
+    return objects
+
+
+class PagedServer:
+    """`rest.get_json` of an informer listing TrainJobs in pages, as the API server answers:
+    each page's JSON made beforehand (the server's memory, not the informer's) and decoded when
+    asked for, as the client decodes an answer. `version` 2 has every TrainJob changed."""
+
+    def __init__(self, objects: Callable[[int, int], Json], n: int, page_size: int) -> None:
+        self.pages: dict[tuple[int, int], bytes] = {}
+        for version in (1, 2):
+            for start in range(0, n, page_size):
+                items = [objects(i, version) for i in range(start, min(start + page_size, n))]
+                more = {"continue": str(start + page_size)} if start + page_size < n else {}
+                page = {"kind": "TrainJobList", "apiVersion": "trainer.kubeflow.org/v1alpha1",
+                        "metadata": {"resourceVersion": str(version), **more},
+                        "items": items}  # fmt: skip
+                self.pages[version, start] = orjson.dumps(page)
+        self.version = 1
+        self.asked = 0
+
+    async def __call__(
+        self, api: Any, path: str, query: list[tuple[str, Any]] | None = None, timeout: float = 10
+    ) -> Json:
+        self.asked += 1
+        start = int(dict(query or []).get("continue") or 0)
+        answer: Json = orjson.loads(self.pages[self.version, start])
+        return answer
+
+
+def changed(make: Callable[[int, Json], Json], runtime_obj: Json) -> Callable[[int, int], Json]:
+    """`make(i)` at a version: its resourceVersion and its condition's message differ."""
+
+    def at(i: int, version: int) -> Json:
+        obj = make(i, runtime_obj)
+        obj["metadata"]["resourceVersion"] = f"{version}{i:06d}"
+        obj["status"]["conditions"][1]["message"] += f" (written {version} times)"
+        return obj
+
+    return at
+
+
+class WholeList:
+    """A store as the informer filled it before pages went in as they came: the whole list
+    built (trimmed), then swapped in (it has no `relist`)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.resource = store.resource
+
+    def __len__(self) -> int:
+        return len(self.store)
+
+    def trim(self, raw: Json) -> Json:
+        return self.store.trim(raw)
+
+    def replace(self, items: Iterable[Json], namespace: str | None = None) -> None:
+        self.store.replace(items, namespace)
+
+    def apply(self, event: EventType, raw: Json) -> None:
+        self.store.apply(event, raw)
+
+
+def relist_peak(server: PagedServer, paged: bool, page_size: int) -> tuple[int, int]:
+    """(the store's bytes after the first list, the peak beyond them while a relist of every
+    object changed runs), with `paged` as now or (False) as before."""
+    store = Cache(connected=True).trainjobs
+    resource = Resource("trainer.kubeflow.org", "v1alpha1", "trainjobs")
+    sink: Any = store if paged else WholeList(store)
+    informer = Informer(None, resource, sink, page_size=page_size)  # type: ignore[arg-type]
+    saved = rest.get_json
+    rest.get_json = server
+    try:
+        server.version = 1
+        gc.collect()
+        tracemalloc.start()
+        empty = tracemalloc.get_traced_memory()[0]
+        asyncio.run(informer._list())  # private: one list, without a watch after it
+        gc.collect()
+        filled = tracemalloc.get_traced_memory()[0]
+        server.version = 2
+        tracemalloc.reset_peak()
+        asyncio.run(informer._list())
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    finally:
+        rest.get_json = saved
+    return filled - empty, peak - filled
+
+
 def measured(fill: Callable[[], Any]) -> tuple[int, Any]:
     """Bytes still allocated after `fill()` (what it returned keeps), and what it returned."""
     gc.collect()
@@ -308,6 +434,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--trainjobs", type=int, default=10_000)
     parser.add_argument("--podgroups", type=int, default=10_000)
+    parser.add_argument("--relist", type=int, default=10_000, help="TrainJobs relisted")
+    parser.add_argument("--page-size", type=int, default=informer_module.PAGE_SIZE)
     args = parser.parse_args()
     runtime_obj = cluster_runtime()
     runtime_obj["metadata"]["name"] = "torch-distributed"
@@ -328,6 +456,7 @@ def main() -> None:
 
     def cache(kept: bool = True) -> Cache:
         found = Cache(connected=True)
+        found.jobsets.replace([])  # listed, none: restart attempt 0
         if not kept:  # as before core/kept.py: only the bookkeeping dropped
             found.trainjobs = Store("trainjobs")
         found.cluster_runtimes.apply("ADDED", runtime_obj)
@@ -374,6 +503,20 @@ def main() -> None:
     print(f"    in the cache (tombstone):      {per(kept_done)}, "
           f"no plan ({per(memo_done)} after the lookups)")  # fmt: skip
 
+    def gang_objects() -> Iterator[Json]:
+        for i in range(n):
+            yield from own_gang_objects(running, i, runtime_obj)
+
+    def own(found: Cache) -> Cache:
+        for obj in as_watched(gang_objects()):
+            found.store(WORKLOAD if obj["kind"] == "Workload" else POD_GROUP).apply("ADDED", obj)
+        return found
+
+    gangs = cache()
+    own_gangs, _ = measured(lambda: own(gangs))
+    print(f"  its own Workload + PodGroup:     {per(own_gangs)} (kept whole, less bookkeeping)")
+    print(f"  = per running TrainJob, all in:  {per(kept + planned + own_gangs)}")
+
     def groups() -> Iterator[Json]:
         return (foreign_podgroup(i) for i in range(m))
 
@@ -386,6 +529,17 @@ def main() -> None:
           f"{full_pg / 1e6:.1f} MB for {m}")  # fmt: skip
     print(f"  foreign PodGroups in the cache:  {kept_pg / m / 1000:6.2f} KB each, "
           f"{kept_pg / 1e6:.1f} MB for {m} ({saved:.0f}% less)")  # fmt: skip
+
+    r, page = args.relist, args.page_size
+    print(f"  a relist of {r} TrainJobs, every one changed (pages of {page}; the peak beyond the"
+          " store):")  # fmt: skip
+    for label, make in (("running", trainjob), ("finished", finished_trainjob)):
+        server = PagedServer(changed(make, runtime_obj), r, page)
+        for paged in (False, True):
+            held, extra = relist_peak(server, paged, page)
+            how = "pages into the store (now)" if paged else "whole list, then swap (before)"
+            print(f"    {label:8} {how:31} store {held / 1e6:6.1f} MB, peak +{extra / 1e6:6.1f} MB"
+                  f" ({extra / held:.2f}x the store)")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -138,6 +138,7 @@ async def one_round(n: int, status_on: bool, settings: WriterSettings, workers: 
         await create(k, CLUSTER_RUNTIMES, cluster_runtime())
         api = ApiClient(configuration=Configuration(host=str(server.url).rstrip("/")))
         cache = Cache(connected=True)
+        cache.jobsets.replace([])  # listed, none: restart attempt 0
         cache.kind_states[COMPOSITE] = "not-served"
         cache.apis["native"] = "served"  # what discovery says once scheduling.k8s.io/v1beta1 is
         native = cache.backends.named("native")

@@ -519,8 +519,10 @@ async def _reconcile(cfg: Json) -> Json:
             patched: Json = await self._counted(f"patch {r.kind}", call)
             return patched
 
-        async def snapshot_runtime(self, namespace: str, name: str, uid: str, value: str) -> None:
-            call = super().snapshot_runtime(namespace, name, uid, value)
+        async def snapshot_runtime(
+            self, namespace: str, name: str, uid: str, value: str, resource_version: str | None
+        ) -> None:
+            call = super().snapshot_runtime(namespace, name, uid, value, resource_version)
             await self._counted("snapshot TrainJob", call)
 
     class CountingReconciler(Reconciler):
@@ -566,6 +568,7 @@ async def _reconcile(cfg: Json) -> Json:
         settle_proxy(configuration, os.environ)  # as connect() does for the service
         api = ApiClient(configuration=configuration)
     cache = Cache(connected=True)
+    cache.jobsets.replace([])  # listed, none: restart attempt 0
     cache.apis["native"] = "served"  # what discovery says once scheduling.k8s.io/v1beta1 is
     workloads, pod_groups = cache.store(WORKLOAD), cache.store(POD_GROUP)
     metrics = Metrics()

@@ -233,6 +233,7 @@ class LoopbackWriter(ApiWriter):
 def world(n: int) -> tuple[Cache, list[Json]]:
     """The cache as a settled leader has it: runtime, TrainJobs, their gang objects (scheduled)."""
     cache = Cache(connected=True)
+    cache.jobsets.replace([])  # listed, none: restart attempt 0
     cache.apis["native"] = "served"
     cache.kind_states[COMPOSITE] = "not-served"
     runtime = cluster_runtime()

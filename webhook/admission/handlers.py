@@ -33,7 +33,9 @@ from ..core.layout import is_multi_level
 from ..core.lifecycle import gang_exists, runs_elsewhere
 from ..core.ownership import controlled_by, controller_uid, controlling_trainjob
 from ..core.plan import (
+    JOB_INDEX,
     JOBSET_NAME,
+    REPLICATED_JOB_NAME,
     RESTART_ATTEMPT,
     GroupPlan,
     Plan,
@@ -46,6 +48,7 @@ from ..core.snapshot import SNAPSHOT_ANNOTATION, snapshot, snapshot_of
 from ..core.trainer import DEFAULT_SCHEDULER, TrainJob
 from ..core.validation import CheckedRuntime, Verdict, check_trainjob, judge_runtime
 from ..kube.cache import Cache, PlanLookup
+from ..kube.waker import HeldPod
 from .feasibility import feasibility_verdict
 from .review import MAX_WARNING, Decision, Review
 from .snapshot_guard import guard_snapshot
@@ -388,8 +391,93 @@ def mutate_pod_review(review: Review, cache: Cache) -> Decision | Awaitable[Deci
     # a Job made before this service could mark it, `mutate_job_review`).
     namespace = _namespace(review, pod)
     lookup = cache.plan_for(namespace, trainjob)
+    assert isinstance(labels, dict)
     if lookup.state == "no-trainjob":
-        return _not_cached(namespace, trainjob, lookup.detail, cache)
+        asked = _not_cached(namespace, trainjob, lookup.detail, cache)
+        return _remembered(review, pod, namespace, trainjob, asked, cache)
+    decision = _judge_pod(pod, labels, namespace, trainjob, lookup, cache)
+    return _remembered(review, pod, namespace, trainjob, decision, cache)
+
+
+def would_hold(pod: HeldPod, cache: Cache) -> bool:
+    """Whether a pod of the held Job would still be held now (the waker's question; from the
+    cache alone: a TrainJob not cached yet still holds it)."""
+    lookup = cache.plan_for(pod.namespace, pod.trainjob)
+    if lookup.state == "no-trainjob":
+        return True
+    raw: dict[str, Any] = {"metadata": {"namespace": pod.namespace, "labels": dict(pod.labels)}}
+    raw["spec"] = {"schedulerName": pod.scheduler} if pod.scheduler else {}
+    labels = raw["metadata"]["labels"]
+    return not _judge_pod(raw, labels, pod.namespace, pod.trainjob, lookup, cache).allowed
+
+
+JOB_NAME_LABEL = "batch.kubernetes.io/job-name"  # the Job controller's, on its pods
+# The pod labels that place a pod in its gang: what a held Job's pods are judged again by.
+_PLACING = (JOBSET_NAME, REPLICATED_JOB_NAME, JOB_INDEX, RESTART_ATTEMPT)
+
+
+def _remembered(
+    review: Review,
+    pod: dict[str, Any],
+    namespace: str,
+    trainjob: str,
+    decision: Decision | Awaitable[Decision],
+    cache: Cache,
+) -> Decision | Awaitable[Decision]:
+    """The decision; a hold is told to the waker (`cache.on_hold`), which wakes the pod's Job
+    once its pods would be tied."""
+    hook = cache.on_hold
+    if hook is None or review.dry_run:
+        return decision
+
+    def tell(found: Decision) -> Decision:
+        job = _job_of(pod)
+        if not found.allowed and found.untied and job is not None:
+            meta = pod.get("metadata")
+            labels = meta.get("labels") if isinstance(meta, dict) else None
+            placing = {
+                k: v
+                for k in _PLACING
+                if isinstance(labels, dict) and isinstance(v := labels.get(k), str)
+            }
+            spec = pod.get("spec")
+            scheduler = spec.get("schedulerName") if isinstance(spec, dict) else None
+            named = scheduler if isinstance(scheduler, str) else None
+            hook(HeldPod(namespace, job, trainjob, placing, named, found.untied))
+        return found
+
+    if isinstance(decision, Decision):
+        return tell(decision)
+
+    async def told() -> Decision:
+        return tell(await decision)
+
+    return told()
+
+
+def _job_of(pod: dict[str, Any]) -> str | None:
+    """The Job that makes the pod (its controller), which the Job controller creates again."""
+    meta = pod.get("metadata")
+    meta = meta if isinstance(meta, dict) else {}
+    refs = meta.get("ownerReferences")
+    for ref in refs if isinstance(refs, list) else []:
+        if isinstance(ref, dict) and ref.get("controller") is True and ref.get("kind") == "Job":
+            name = ref.get("name")
+            return name if isinstance(name, str) else None
+    labels = meta.get("labels")
+    name = labels.get(JOB_NAME_LABEL) if isinstance(labels, dict) else None
+    return name if isinstance(name, str) else None
+
+
+def _judge_pod(
+    pod: dict[str, Any],
+    labels: dict[str, Any],
+    namespace: str,
+    trainjob: str,
+    lookup: PlanLookup,
+    cache: Cache,
+) -> Decision:
+    """A cached TrainJob's pod: tied, held or let through."""
     if lookup.plan is not None and (why := cache.not_running(namespace, trainjob)) is not None:
         if why == "deleting":
             # A foreground delete (or another controller's finalizer) keeps the TrainJob while
@@ -399,7 +487,6 @@ def mutate_pod_review(review: Review, cache: Cache) -> Decision | Awaitable[Deci
         # A suspended TrainJob makes no pods: this one comes from a resume this replica's
         # watch has not brought yet, whose gang is named by the run it starts.
         return held("TrainJobSuspended", "the TrainJob's resume has not reached this replica")
-    assert isinstance(labels, dict)
     return _tie(pod, labels, lookup, cache)
 
 
@@ -443,6 +530,18 @@ def _tie(pod: dict[str, Any], labels: dict[str, Any], lookup: PlanLookup, cache:
     group = group_for_labels(plan, labels)
     if group is None:
         return Decision()  # an untargeted ReplicatedJob: default scheduling
+    if plan.plan_version >= 2:  # (version 1 named every attempt alike)
+        # The attempt is its JobSet's, never what a label claims: a pod labelled with another
+        # (forged, or of an attempt already over) would join, or make, a gang of its own.
+        current = cache.restart_attempt(plan.namespace, plan.trainjob_name, plan.trainjob_uid)
+        if current is None:
+            return held("JobSetUnknown", "its JobSet is not in this replica's cache yet")
+        if attempt != current:
+            why = (
+                f"its label {RESTART_ATTEMPT} says attempt {attempt}, its JobSet is at "
+                f"attempt {current}"
+            )
+            return held("RestartAttemptMismatch", why)
     backend = cache.backends.for_plan(plan)
     if backend is None:  # no gang will ever be made for it: let through, and count it
         note = f"not tied to a gang: no gang backend serves the scheduler {plan.scheduler_name!r}"

@@ -52,9 +52,13 @@ def guard_snapshot(review: Review, writer: str, expected: str | None = None) -> 
     change = snapshot_change(review)
     if change is None or (writer and review.username == writer):
         return None
-    if change == "set" and review.operation == "CREATE" and expected is not None:
-        if _snapshot(review.object) == expected:
-            return None
+    if (
+        change == "set"
+        and review.operation == "CREATE"
+        and expected is not None
+        and (_snapshot(review.object) == expected)
+    ):
+        return None
     qualified = f"{review.resource}.{review.group}" if review.group else review.resource
     name = review.object_name
     who = review.username or "an unauthenticated requester"

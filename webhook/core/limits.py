@@ -28,6 +28,7 @@ MAX_SCHEDULING_LIST = 64
 MAX_CONDITIONS = 8  # the TrainJob CRD's status.conditions maxItems
 MAX_RUNTIME_PATCHES = 16  # the TrainJob CRD's spec.runtimePatches maxItems
 MAX_CONTAINERS = 256  # containers (and init containers) of one pod template
+MAX_FAILURE_RULES = 64  # JobSet failurePolicy rules; real runtimes have a handful
 
 MAX_INT32 = 2**31 - 1
 
@@ -54,6 +55,9 @@ def runtime_list_errors(raw: Mapping[str, Any]) -> list[FieldError]:
                 if isinstance(listed, list) and len(listed) > MAX_CONTAINERS:
                     pod_path = rjs_path.index(i).child("template", "spec", "template", "spec")
                     errors += _over(listed, MAX_CONTAINERS, pod_path.child(key))
+    rules = _at(spec, "template", "spec", "failurePolicy", "rules")
+    rules_path = Path("spec", "template", "spec", "failurePolicy", "rules")
+    errors += _over(rules, MAX_FAILURE_RULES, lambda: rules_path)
     scheduling = _at(spec, "scheduling")
     where = Path("spec", "scheduling")
     errors += _group_list_errors(scheduling, lambda: where)

@@ -187,10 +187,23 @@ class StartupPolicy(Model):
     startup_policy_order: str | None = None
 
 
+class FailurePolicyRule(Model):
+    action: str | None = None
+
+
+class FailurePolicy(Model):
+    """What JobSet does when a Job fails: its rules' actions (the gang's restarts depend on
+    them), and how it restarts."""
+
+    rules: list[FailurePolicyRule] | None = None
+    restart_strategy: str | None = None
+
+
 class JobSetSpec(Model):
     replicated_jobs: list[ReplicatedJob] = Field(default_factory=list)
     startup_policy: StartupPolicy | None = None
     scheduling: Any = None
+    failure_policy: FailurePolicy | None = None
 
 
 class JobSetTemplate(Model):

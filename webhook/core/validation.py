@@ -90,6 +90,7 @@ def runtime_layout(
         )
     errs += _check_levels(scheduling)
     errs += _owned_fields(runtime)
+    errs += _restart_errors(runtime)
     layout = resolve_layout(runtime)
     assert layout is not None
     errs += layout.errors
@@ -141,6 +142,33 @@ def _owned_fields(runtime: Runtime) -> list[FieldError]:
                 fe.forbidden(
                     pod_field(i, "schedulingGroup"),
                     f"Pod schedulingGroup {OWNED}; remove it, the service sets it on each pod",
+                )
+            )
+    return errs
+
+
+# JobSet failure-policy actions that recreate one Job inside a running JobSet (alpha gate
+# RestartJob): its new pods would join a gang kube-scheduler already admitted, one by one.
+ONE_JOB_RESTARTS = ("RestartJob", "RestartJobAndIgnoreMaxRestarts")
+
+
+def _restart_errors(runtime: Runtime) -> list[FieldError]:
+    """A gang restarts whole: with spec.scheduling, JobSet's RestartJob actions are refused.
+    (RestartJobSet restarts every Job, a gang of its own per restart attempt; InPlaceRestart
+    restarts containers in pods that stay bound, so the admitted gang keeps its nodes.)"""
+    policy = runtime.spec.template.spec.failure_policy
+    errs: list[FieldError] = []
+    for i, rule in enumerate((policy.rules or []) if policy is not None else []):
+        if rule.action in ONE_JOB_RESTARTS:
+            where = Path("spec", "template", "spec", "failurePolicy", "rules").index(i)
+            errs.append(
+                fe.invalid(
+                    where.child("action"),
+                    rule.action,
+                    f"{rule.action} recreates one Job of a running gang, whose new pods would "
+                    "join a gang the scheduler already admitted, not all or nothing; with "
+                    "spec.scheduling use RestartJobSet (each restart is a gang of its own, "
+                    "admitted whole) or FailJobSet",
                 )
             )
     return errs

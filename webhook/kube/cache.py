@@ -7,7 +7,7 @@ cache entry they came from: an update replaces the entry, and with it the memo.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -24,9 +24,11 @@ from ..core.validation import CheckedRuntime, Verdict, check_stored_runtime
 from .feasibility import Feasibility
 from .gangstore import GangStore
 from .index import OwnerIndex
+from .jobsets import JobSetStore, restart_attempt
 from .lookup import TrainJobLookup
 from .store import Entry, EventType, Key, Listener, Store, key_of
 from .trainjobstore import TrainJobStore
+from .waker import HeldPod
 
 __all__ = ["Cache", "Entry", "EventType", "GangApi", "Key", "Listener", "PlanLookup", "Store"]
 __all__ += ["key_of"]
@@ -82,6 +84,8 @@ class Cache:
         self.cluster_runtimes = Store("clustertrainingruntimes")
         # Not needed for readiness: admission checks a plan's classes only once it is listed.
         self.priority_classes = Store("priorityclasses")
+        # Each JobSet's owner and restart attempt (`jobsets.py`): a gang's attempt is read there.
+        self.jobsets: Store = JobSetStore("jobsets")
         # Anyone else's gang objects are kept as stubs (`gangstore.py`).
         self.gang_stores: dict[Kind, Store] = {
             kind: GangStore(f"{kind.plural}.{kind.group}") for kind in self.backends.kinds
@@ -108,6 +112,8 @@ class Cache:
         # at start): the only requester whose writes of a TrainJob's runtime snapshot are
         # allowed; empty: no one's.
         self.service_username = ""
+        # Told of each pod the pod webhook holds (the waker, `waker.py`); None: no one is.
+        self.on_hold: Callable[[HeldPod], None] | None = None
         if not connected:
             for store in (*self.stores, *self.gang_stores.values()):
                 store.synced = True
@@ -115,7 +121,16 @@ class Cache:
     @property
     def stores(self) -> tuple[Store, ...]:
         """The stores the webhooks need synced before they are ready."""
-        return (self.trainjobs, self.training_runtimes, self.cluster_runtimes)
+        return (self.trainjobs, self.training_runtimes, self.cluster_runtimes, self.jobsets)
+
+    def restart_attempt(self, namespace: str, name: str, trainjob_uid: str | None) -> int | None:
+        """The JobSet restart attempt TrainJob namespace/name is at (its JobSet's
+        status.restarts; 0 before it has a JobSet); None while the JobSets are not listed, or
+        when the JobSet of its name is another TrainJob's."""
+        if not self.jobsets.synced:
+            return None
+        entry = self.jobsets.get(namespace, name)
+        return restart_attempt(entry.raw if entry is not None else None, trainjob_uid)
 
     def store(self, kind: Kind) -> Store:
         return self.gang_stores[kind]

@@ -27,6 +27,7 @@ TRAINJOBS = Resource(TRAINER, "v1alpha1", "trainjobs")
 TRAINING_RUNTIMES = Resource(TRAINER, "v1alpha1", "trainingruntimes")
 CLUSTER_RUNTIMES = Resource(TRAINER, "v1alpha1", "clustertrainingruntimes")
 PRIORITY_CLASSES = Resource("scheduling.k8s.io", "v1", "priorityclasses")
+JOBSETS = Resource("jobset.x-k8s.io", "v1alpha2", "jobsets")
 NODES = Resource("", "v1", "nodes")
 PODS = Resource("", "v1", "pods")
 POD_PAGE = 500
@@ -172,6 +173,17 @@ def informers(
         *_per_namespace(api, CLUSTER_RUNTIMES, cache.cluster_runtimes, (), on_restart),
         *_per_namespace(api, PRIORITY_CLASSES, cache.priority_classes, (), on_restart),
     ]
+
+
+def jobset_informers(
+    api: ApiClient,
+    cache: Cache,
+    namespaces: Sequence[str] = (),
+    on_restart: Callable[[str], None] | None = None,
+) -> list[Informer]:
+    """The JobSet watch (each kept trimmed to its owner and restart attempt), started once
+    discovery serves JobSets (`jobsets.watch_jobsets`)."""
+    return _per_namespace(api, JOBSETS, cache.jobsets, namespaces, on_restart)
 
 
 def node_informer(

@@ -10,6 +10,10 @@ ready for everything else. Each change is logged once, not on every check.
 A backend whose kinds are served in several versions (the native one: `v1beta1` on 1.37,
 `v1alpha2` on 1.36) speaks the newest the cluster serves; when that changes (a cluster
 upgraded), its watches start again in the new version.
+
+A group/version discovery cannot ask (a 403, a 503 of an aggregated API, no connection) is said
+once, when it starts failing, and once more when it answers again: checked every `period`, it
+would otherwise be a warning a minute for as long as it lasts.
 """
 
 from __future__ import annotations
@@ -29,6 +33,10 @@ from .informer import Informer
 log = logging.getLogger("webhook.discovery")
 
 
+# Told of a group/version discovery could not ask, and why; None: logged as a warning each time.
+Failed = Callable[[str, str], None]
+
+
 @runtime_checkable
 class Versioned(Protocol):
     """A backend whose required kinds are served in one of several versions of their group."""
@@ -43,13 +51,21 @@ class Versioned(Protocol):
     def use_version(self, version: str) -> None: ...
 
 
-async def newest_served(api: ApiClient, backend: Versioned) -> str | None:
+async def newest_served(
+    api: ApiClient,
+    backend: Versioned,
+    failed: Failed | None = None,
+    answered: Callable[[str, GangApi], None] | None = None,
+) -> str | None:
     """The newest of a `Versioned` backend's versions serving all its required kinds; None when
     none is, or discovery cannot tell whether a newer one is (then nothing should change)."""
     required = [k for k in backend.kinds if not k.optional]
     needed = frozenset(k.plural for k in required)
     for version in backend.versions:
-        state = await api_state(api, f"{required[0].group}/{version}", needed)
+        group_version = f"{required[0].group}/{version}"
+        state = await api_state(api, group_version, needed, failed=failed)
+        if answered:
+            answered(group_version, state)
         if state == "unknown":
             return None
         if state == "served":
@@ -68,10 +84,20 @@ HINTS = {
 }
 
 
+def _warn(group_version: str, error: str) -> None:
+    log.warning("discovery failed", extra={"fields": {"api": group_version, "error": error}})
+
+
 async def api_state(
-    api: ApiClient, group_version: str, needed: frozenset[str], timeout: float = 10.0
+    api: ApiClient,
+    group_version: str,
+    needed: frozenset[str],
+    timeout: float = 10.0,
+    failed: Failed | None = None,
 ) -> GangApi:
-    """What discovery says of one group/version now; "unknown" when it cannot be asked."""
+    """What discovery says of one group/version now; "unknown" when it cannot be asked (then
+    `failed` is told why)."""
+    failed = failed or _warn
     try:
         # As the client's get_api_resources(), but without its trailing slash: the canonical
         # discovery path, which every API server (and the test emulator) serves.
@@ -91,17 +117,12 @@ async def api_state(
     except asyncio.CancelledError:
         raise
     except Exception as err:
-        log.warning(
-            "discovery failed",
-            extra={"fields": {"api": group_version, "error": f"{type(err).__name__}: {err}"}},
-        )
+        failed(group_version, f"{type(err).__name__}: {err}")
         return "unknown"
     if status == 404:
         return "not-served"
     if status != 200:
-        log.warning(
-            "discovery failed", extra={"fields": {"api": group_version, "error": f"HTTP {status}"}}
-        )
+        failed(group_version, f"HTTP {status}")
         return "unknown"
     try:
         resources = orjson.loads(body).get("resources") or []
@@ -132,6 +153,7 @@ class BackendApiWatch:
         self.on_change = on_change
         self.sleep = sleep
         self._watches: dict[Kind, list[asyncio.Task[None]]] = {}
+        self._failing: dict[str, str] = {}  # group/version -> why discovery cannot ask it
 
     async def run(self) -> None:
         try:
@@ -143,12 +165,34 @@ class BackendApiWatch:
             for kind in list(self._watches):
                 await self._stop(kind)
 
+    def _failed(self, group_version: str, error: str) -> None:
+        """Said once while it lasts (again if the error changes), at debug on every check."""
+        said = self._failing.get(group_version)
+        self._failing[group_version] = error
+        fields = {"api": group_version, "error": error}
+        if said == error:
+            log.debug("discovery failed", extra={"fields": fields})
+            return
+        log.warning(
+            "discovery failed: retried every check, said again only when it answers",
+            extra={"fields": {**fields, "period_seconds": self.period}},
+        )
+
+    def _answered(self, group_version: str, state: GangApi) -> None:
+        if state != "unknown" and self._failing.pop(group_version, None) is not None:
+            log.info("discovery answers again", extra={"fields": {"api": group_version}})
+
+    async def _state(self, group_version: str, needed: frozenset[str]) -> GangApi:
+        state = await api_state(self.api, group_version, needed, failed=self._failed)
+        self._answered(group_version, state)
+        return state
+
     async def _check(self, backend: GangBackend) -> None:
         await self._choose_version(backend)
         states: dict[str, GangApi] = {}
         for version in dict.fromkeys(k.group_version for k in backend.kinds):
             kinds = [k for k in backend.kinds if k.group_version == version]
-            states[version] = await api_state(self.api, version, frozenset(k.plural for k in kinds))
+            states[version] = await self._state(version, frozenset(k.plural for k in kinds))
         required = [states[k.group_version] for k in backend.kinds if not k.optional]
         state: GangApi = (
             "not-served"
@@ -189,7 +233,9 @@ class BackendApiWatch:
         cluster serves; kept as it is while none is (or discovery cannot tell)."""
         if not isinstance(backend, Versioned):
             return
-        version = await newest_served(self.api, backend)
+        version = await newest_served(
+            self.api, backend, failed=self._failed, answered=self._answered
+        )
         if version is None or version == backend.version:
             return
         required = [k for k in backend.kinds if not k.optional]

@@ -197,6 +197,12 @@ class GangPods:
         gang = self._gangs.get((namespace, jobset))
         return gang.attempt() if gang is not None else 0
 
+    def attempts(self, namespace: str, jobset: str) -> frozenset[int]:
+        """The restart attempts that have pending or live pods (a restart's old pods linger
+        while they terminate)."""
+        gang = self._gangs.get((namespace, jobset))
+        return frozenset(gang.attempts) if gang is not None else frozenset()
+
     def untied(
         self, namespace: str, jobset: str, grouped: Callable[[str, int], bool] | None = None
     ) -> int:

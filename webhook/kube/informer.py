@@ -8,9 +8,19 @@ backoff and resumes. Only this module and `client.py` talk to the API server for
 for, routine for a few seconds after it restarts) is retried the same way, but logged at debug
 until it persists (TRANSIENT_RETRIES failures in a row, or TRANSIENT_SECONDS).
 
-With `page_size` the list comes in pages (`limit` and `continue`, as client-go's reflector
-lists), each item trimmed by the store as it arrives, so listing 10,000 Nodes never holds
-them all whole.
+The list comes in pages (`limit` and `continue`, as client-go's reflector lists; 100 at a time),
+and a `Store` takes each page as it comes (`store.Listing`): a relist of 80,000 TrainJobs (every
+replica at once, after an API server restart) holds the store and one page, never a second
+list beside the store. A sink that keeps less (the Nodes' summary, the pods' counts) gets the
+whole list at the end, each item trimmed as it arrives.
+
+A refusal (`refusal.py`) is not a failure to retry in a loop: the API server answers the same
+until someone acts. A 403, or a watched namespace that is gone, is said once (a warning naming
+what to do; at debug while it lasts) and once more when it ends (info), counted while it lasts
+(`on_refusal`), and retried with a backoff of its own, from 1 s up to a minute (a missing rule:
+granted, the watch resumes within the minute) or five (a namespace gone: it may come back). A
+watched namespace the API server says no longer exists is listed as empty, as client-go's
+reflector syncs an empty list on a 404: its objects go, and readiness does not wait for it.
 """
 
 from __future__ import annotations
@@ -28,7 +38,15 @@ from kubernetes.aio.client import ApiClient
 from kubernetes.aio.client.exceptions import ApiException
 
 from . import rest
-from .store import Sink
+from .refusal import (
+    FORBIDDEN,
+    NAMESPACE_GONE,
+    NamespaceState,
+    Refusal,
+    namespace_state,
+    refusal_of,
+)
+from .store import Relisting, Sink
 
 log = logging.getLogger("webhook.informer")
 
@@ -38,6 +56,16 @@ TRANSIENT_RETRIES = 5  # "Too large resource version" in a row before it is a wa
 TRANSIENT_SECONDS = 10.0  # or this long since the first of them
 YIELD_EVERY = 64  # watch events handled between two turns of the event loop
 NOT_SERVED = " (the resource is not served: is the Kubeflow Trainer CRD installed?)"
+# Objects a list asks for at a time. client-go's reflector asks for 500; a page of 500 stored
+# TrainJobs (4 KB of JSON each) peaks at about 32 MB while it is decoded (16 times its JSON:
+# orjson's document and the objects), and a relist holds one page: 100 keep it near 6 MB.
+PAGE_SIZE = 100
+# Backoff caps of a refused list or watch: a rule granted is seen within a minute; a namespace
+# gone may never come back, and asking every few minutes costs the API server nothing.
+REFUSED_BACKOFF_MAX: dict[Refusal, float] = {FORBIDDEN: 60.0, NAMESPACE_GONE: 300.0}
+REFUSED_BACKOFF_INITIAL = 1.0
+# Told when a refusal starts (None, reason), changes (reason, reason) or ends (reason, None).
+OnRefusal = Callable[[Refusal | None, Refusal | None], None]
 
 
 @dataclass(frozen=True)
@@ -79,9 +107,11 @@ class Informer:
         backoff: Backoff | None = None,
         not_served_hint: str = NOT_SERVED,
         forbidden_hint: str = "",
-        page_size: int | None = None,
+        page_size: int | None = PAGE_SIZE,
         label_selector: str | None = None,
         on_restart: Callable[[], None] | None = None,
+        on_refusal: OnRefusal | None = None,
+        refused_backoff: Backoff | None = None,
         sleep: Sleep = asyncio.sleep,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -91,10 +121,9 @@ class Informer:
         self.namespace = namespace  # None: all namespaces
         self.not_served_hint = not_served_hint
         self.forbidden_hint = forbidden_hint
-        """Said with a 403; the same failure again is then logged at debug only."""
-        self.page_size = page_size
+        """Said with a 403 (what goes without the resource), after what to grant."""
+        self.page_size = page_size  # None: the whole list in one answer
         self.selector = [("labelSelector", label_selector)] if label_selector else []
-        self._last_error = ""
         self.watch_timeout = watch_timeout
         self.backoff = backoff or Backoff()
         self.sleep = sleep
@@ -105,8 +134,21 @@ class Informer:
         # "Too large resource version" failures in a row, and when the first of them happened.
         self._lagging = 0
         self._lagging_since = 0.0
+        # A refusal that lasts (`refusal.py`): why, since when, and its own backoff.
+        self.refused: Refusal | None = None
+        self.on_refusal = on_refusal
+        self.refused_backoff = refused_backoff or Backoff(initial=REFUSED_BACKOFF_INITIAL)
+        self._refused_since = 0.0
+        self._ask_namespace = True  # until the API server will not say (no `get namespaces`)
+        self._emptied = False  # its namespace's objects removed: the namespace is gone
 
     async def run(self) -> None:
+        try:
+            await self._run()
+        finally:  # stopped (discovery, shutdown): a refusal no longer lasts
+            self._refusal_over(quietly=True)
+
+    async def _run(self) -> None:
         while True:
             step = "list"
             try:
@@ -125,8 +167,11 @@ class Informer:
                     log.info("watch expired, listing again", extra=self._fields())
                     self.resource_version = None
                     continue
+                refusal = refusal_of(err, self.namespace)
+                if refusal is not None:
+                    await self._refused(step, refusal, err)
+                    continue
                 hint = self.not_served_hint if err.status == 404 and step == "list" else ""
-                hint = self.forbidden_hint if err.status == 403 else hint
                 transient = too_large_resource_version(err)
                 await self._retry(step, f"HTTP {err.status}: {err.reason}{hint}", transient)
             except asyncio.CancelledError:
@@ -139,7 +184,10 @@ class Informer:
         return rest.collection(r.group, r.version, r.plural, self.namespace)
 
     async def _list(self) -> None:
+        # A Store takes each page as it comes; a summary, the whole list once it is in.
+        into = self.store.relist(self.namespace) if isinstance(self.store, Relisting) else None
         items: list[dict[str, Any]] = []
+        count = 0
         token: str | None = None
         while True:
             query: list[tuple[str, Any]] = [*self.selector]
@@ -147,18 +195,27 @@ class Informer:
                 query.append(("limit", self.page_size))
             if token:
                 query.append(("continue", token))
-            listing = await rest.get_json(self.api, self._path(), query, timeout=60)
-            items += [self.store.trim(item) for item in rest.items_of(listing)]
-            meta = listing.get("metadata")
+            answer = await rest.get_json(self.api, self._path(), query, timeout=60)
+            page = rest.items_of(answer)
+            count += len(page)
+            if into is not None:
+                into.add(page)
+            else:
+                items += [self.store.trim(item) for item in page]
+            meta = answer.get("metadata")
             token = meta.get("continue") if isinstance(meta, dict) and self.page_size else None
             if not token:
                 break
-        self.store.replace(items, self.namespace)
-        self.resource_version = _resource_version(listing) or ""
+            page, answer = [], {}  # this page goes before the next one comes
+        if into is not None:
+            into.done()
+        else:
+            self.store.replace(items, self.namespace)
+        self.resource_version = _resource_version(answer) or ""
         self.backoff.reset()
-        self._last_error = ""
         self._lagging = 0
-        log.info("listed", extra=self._fields(objects=len(self.store)))
+        self._refusal_over()
+        log.info("listed", extra=self._fields(objects=len(self.store), listed=count))
 
     async def _watch(self) -> int:
         """One watch request, read line by line until the server ends it.
@@ -185,7 +242,7 @@ class Informer:
             if response.status != 200:
                 body = (await response.read())[:500].decode(errors="replace")
                 raise ApiException(status=response.status, reason=response.reason, body=body)
-            self._last_error = ""
+            self._refusal_over()
             async for line in response.content:
                 if line.strip():
                     self._apply(_event(line))
@@ -208,14 +265,9 @@ class Informer:
             self.resource_version = rv
 
     async def _retry(self, step: str, error: str, transient: bool = False) -> None:
-        self.restarts += 1
-        if self.on_restart:
-            self.on_restart()
+        self._restarted()
         delay = self.backoff.next_delay()
-        # With a hint for 403 (a resource the service can do without), one warning says so;
-        # the same failure again, retried, is only debug.
-        quiet = bool(self.forbidden_hint) and error == self._last_error
-        self._last_error = error
+        quiet = False
         more: dict[str, Any] = {}
         if transient:  # routine for a moment after an API server restart: warn if it persists
             now = self.clock()
@@ -233,9 +285,112 @@ class Informer:
         )
         await self.sleep(delay)
 
+    def _restarted(self) -> None:
+        self.restarts += 1
+        if self.on_restart:
+            self.on_restart()
+
+    # --- refusals: said once, retried slowly ---------------------------------------------------
+
+    async def _refused(self, step: str, refusal: Refusal, err: ApiException) -> None:
+        self._restarted()
+        self._lagging = 0
+        state: NamespaceState = "unknown"
+        if refusal == FORBIDDEN and self.namespace and self._ask_namespace:
+            # RBAC refuses alike a missing rule and a namespace deleted with its Role: ask.
+            state = await namespace_state(self.api, self.namespace)
+            self._ask_namespace = state != "unknown"  # no `get namespaces`: not asked again
+            if state in ("gone", "terminating"):
+                refusal = NAMESPACE_GONE
+        elif refusal == NAMESPACE_GONE and err.status == 404:
+            state = "gone"  # the list's own answer names the namespace
+        if state == "gone":
+            # As client-go's reflector on a 404: the namespace has no objects. Listed as empty,
+            # its objects go and readiness does not wait for it; listed again once it is back.
+            if not self._emptied:
+                self.store.replace([], self.namespace)
+                self._emptied = True
+            self.resource_version = None
+        if refusal != self.refused:
+            self._say_refused(step, refusal, err, state)
+        backoff = self.refused_backoff
+        backoff.maximum = REFUSED_BACKOFF_MAX[refusal]
+        delay = backoff.next_delay()
+        log.debug(
+            f"{step} refused, retrying",
+            extra=self._fields(reason=refusal, error=_error(err), retry_in=round(delay, 2)),
+        )
+        await self.sleep(delay)
+
+    def _say_refused(
+        self, step: str, refusal: Refusal, err: ApiException, state: NamespaceState
+    ) -> None:
+        before, self.refused = self.refused, refusal
+        if before is None:
+            self._refused_since = self.clock()
+        if self.on_refusal:
+            self.on_refusal(before, refusal)
+        r, ns = self.resource, self.namespace
+        where = f' in namespace "{ns}"' if ns else ""
+        group = f' (API group "{r.group}")' if r.group else ""
+        if refusal == NAMESPACE_GONE:
+            going = "is being deleted" if state == "terminating" else "no longer exists"
+            msg = (
+                f"watched namespace {ns!r} {going}: its {r.plural} are not watched until it "
+                "comes back (asked again every few minutes); take it out of --watch-namespaces "
+                "(the chart's serve.watchNamespaces) if it is gone for good"
+            )
+        else:
+            msg = (
+                f"the service may not {step} {r.plural}{group}{where}: grant list and watch on "
+                f"{r.plural}{group}{where} (the chart's "
+                f"{'Role <name>-watched' if ns else 'ClusterRole'} does)"
+            )
+            if ns and state == "unknown":
+                msg += (
+                    f", or, if namespace {ns!r} was deleted, take it out of --watch-namespaces "
+                    "(RBAC refuses both alike; with `get` on namespaces the service tells them "
+                    "apart)"
+                )
+            msg += self.forbidden_hint
+        log.warning(
+            msg,
+            extra=self._fields(
+                reason=refusal,
+                error=f"{_error(err)}{self.forbidden_hint}",
+                retry_at_most=REFUSED_BACKOFF_MAX[refusal],
+            ),
+        )
+
+    def _refusal_over(self, quietly: bool = False) -> None:
+        """The list or watch was allowed again (or the informer stops)."""
+        refusal = self.refused
+        if refusal is None:
+            return
+        self.refused = None
+        self.refused_backoff.reset()
+        self._ask_namespace = True
+        self._emptied = False
+        if self.on_refusal:
+            self.on_refusal(refusal, None)
+        if not quietly:
+            lasted = round(self.clock() - self._refused_since, 1)
+            log.info(
+                "allowed again after a refusal",
+                extra=self._fields(reason=refusal, refused_for_seconds=lasted),
+            )
+
     def _fields(self, **more: Any) -> dict[str, Any]:
         scope = {"namespace": self.namespace} if self.namespace else {}
         return {"fields": {"resource": str(self.resource), **scope, **more}}
+
+
+def _error(err: ApiException) -> str:
+    """The status and the Status's message (else the start of the body: cut short, it does not
+    parse)."""
+    body = err.body if isinstance(err.body, str) else ""
+    message = rest.status_message(err) or body[:200]
+    return f"HTTP {err.status}: {err.reason}" + (f": {message}" if message else "")
 
 
 def _event(line: bytes) -> dict[str, Any]:

@@ -4,7 +4,7 @@ telling its listeners of every change (`informer.py` fills it)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 Key = tuple[str, str]  # (namespace or "", name)
 # Written by `kubectl apply` (client-side): the whole object again, as JSON. No reader of the
@@ -31,15 +31,45 @@ class Sink(Protocol):
     def apply(self, event: EventType, raw: dict[str, Any]) -> None: ...
 
 
+@runtime_checkable
+class Relisting(Protocol):
+    """A sink that takes a list page by page (`Store`): a relist never holds a second copy of
+    what it lists beside the store, only the page at hand."""
+
+    def relist(self, namespace: str | None = None) -> Listing: ...
+
+
+class Listing:
+    """One list of a store's objects (or of one namespace's), applied as its pages come: each
+    object is in the store, and its listeners told (ADDED, MODIFIED), as soon as its page is;
+    `done` removes what the list did not have (DELETED) and counts the store (or namespace) as
+    listed. A list given up part way (an error: the informer lists again) leaves the objects of
+    its pages, each as fresh as the watch would have made it, and removes nothing."""
+
+    def __init__(self, store: Store, namespace: str | None, mark: int) -> None:
+        self.store = store
+        self.namespace = namespace
+        self.mark = mark
+        self.count = 0
+
+    def add(self, items: Iterable[dict[str, Any]]) -> None:
+        for item in items:
+            self.count += self.store._listed_one(item, self.mark)
+
+    def done(self) -> None:
+        self.store._end_list(self.namespace, self.mark)
+
+
 class Entry:
     """One cached object plus whatever was derived from it."""
 
-    __slots__ = ("memo", "memo_key", "raw")
+    __slots__ = ("listed", "memo", "memo_key", "raw")
 
-    def __init__(self, raw: dict[str, Any]) -> None:
+    def __init__(self, raw: dict[str, Any], listed: int = 0) -> None:
         self.raw = raw
         self.memo: Any = None
         self.memo_key: Any = None
+        self.listed = listed  # the last list that had it (`Listing.mark`; 0: a watch event)
 
 
 def key_of(raw: Mapping[str, Any]) -> Key | None:
@@ -60,6 +90,7 @@ class Store:
         self._listeners: list[Listener] = []
         self.watched: tuple[str, ...] | None = None  # namespaces listed one by one, if so
         self._listed: set[str | None] = set()
+        self._lists = 0  # lists begun (each marks the entries it has)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -81,27 +112,40 @@ class Store:
         """A fresh list: the store becomes exactly these objects (keeping unchanged entries);
         with `namespace`, only that namespace's part of the store (one informer per watched
         namespace). Listeners hear of what the list changed, as if by watch events."""
-        fresh: dict[Key, Entry] = (
-            {k: e for k, e in self._entries.items() if k[0] != namespace} if namespace else {}
-        )
-        changes: list[tuple[EventType, dict[str, Any] | None, dict[str, Any] | None]] = []
-        for item in items:
-            raw = self.trim(item)  # (the informer's items are trimmed already: a no-op then)
-            key = key_of(raw)
-            if key is None:
-                continue
-            old = self._entries.get(key)
-            if old is not None and _same(old.raw, raw):
-                fresh[key] = old
-                continue
-            fresh[key] = Entry(raw)
-            changes.append(("ADDED" if old is None else "MODIFIED", old.raw if old else None, raw))
-        changes += [("DELETED", e.raw, None) for k, e in self._entries.items() if k not in fresh]
-        self._entries = fresh
+        listing = self.relist(namespace)
+        listing.add(items)
+        listing.done()
+
+    def relist(self, namespace: str | None = None) -> Listing:
+        """A list to apply page by page (see `Listing`); `replace` in steps."""
+        self._lists += 1
+        return Listing(self, namespace, self._lists)
+
+    def _listed_one(self, item: dict[str, Any], mark: int) -> int:
+        """One listed object into the store (1), or nothing (0: it has no name)."""
+        raw = self.trim(item)
+        key = key_of(raw)
+        if key is None:
+            return 0
+        old = self._entries.get(key)
+        if old is not None and _same(old.raw, raw):
+            old.listed = mark  # unchanged: its entry, and what is memoised on it, stay
+            return 1
+        self._entries[key] = Entry(raw, mark)
+        self._tell("ADDED" if old is None else "MODIFIED", old.raw if old else None, raw)
+        return 1
+
+    def _end_list(self, namespace: str | None, mark: int) -> None:
+        gone = [
+            key
+            for key, entry in self._entries.items()
+            if entry.listed != mark and (namespace is None or key[0] == namespace)
+        ]
+        removed = [self._entries.pop(key) for key in gone]
         self._listed.add(namespace)
         self.synced = self.watched is None or all(ns in self._listed for ns in self.watched)
-        for change in changes:
-            self._tell(*change)
+        for entry in removed:
+            self._tell("DELETED", entry.raw, None)
 
     def forget(self) -> None:
         """Empty and not synced (its watch stopped); listeners hear of each removal."""

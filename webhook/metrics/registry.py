@@ -48,6 +48,8 @@ HELD_REASONS = (
     "TrainJobSuspended",  # its TrainJob is suspended in the cache: a resume not seen yet
     "GangKindUnavailable",  # a tree its backend or the cluster cannot make
     "InvalidLabels",  # its restart-attempt label is not a count
+    "JobSetUnknown",  # its JobSet (the restart attempt) is not in the cache yet
+    "RestartAttemptMismatch",  # its restart-attempt label is not its JobSet's attempt
     "TrainJobFinished",  # its TrainJob has finished: its gang was released
     "Other",
 )
@@ -262,6 +264,21 @@ class Metrics:
             "trainjob_scheduling_pods_untied",
             "Pods of a TrainJob whose runtime schedules gangs, admitted without a "
             "schedulingGroup (no gang for them, on purpose), by reason.",
+            ["reason"],
+            registry=r,
+        )
+        self.oldest_hold_age = Gauge(
+            "trainjob_scheduling_oldest_hold_age_seconds",
+            "Seconds since the oldest hold this replica still remembers began: a Job whose "
+            "pod creations it held and has not woken yet (holds are for faults: one that "
+            "lasts is one to look at). 0 when none.",
+            registry=r,
+        )
+        self.jobs_woken = Counter(
+            "trainjob_scheduling_jobs_woken",
+            "Jobs woken (an annotation the Job controller syncs on) once the pods this replica "
+            "held would be tied, so their Job's backoff does not decide when the gang starts, "
+            "by the hold's reason (ServiceAway: a Job lacking pods when the replica started).",
             ["reason"],
             registry=r,
         )

@@ -122,6 +122,7 @@ class Reconciler:
         for kind, store in cache.gang_stores.items():
             store.subscribe(functools.partial(self._owned_changed, kind))
         cache.cluster_runtimes.subscribe(self._runtime_changed)
+        cache.jobsets.subscribe(self._jobset_changed)
         cache.training_runtimes.subscribe(self._runtime_changed)
         self._pods = status.pods if status is not None else None
         if self._pods is not None:
@@ -301,7 +302,11 @@ class Reconciler:
         if plan is None or no_gang is not None:
             why = no_gang or "the runtime has no spec.scheduling"
             return await self._remove_all(raw, why, False, changes)
-        plan = plan.at_attempt(self._attempt(key))
+        attempt = self._attempt(key, trainjob.metadata.uid)
+        if attempt is None:
+            return WAIT  # the JobSets are not listed yet: which attempt is current is not known
+        in_use = self._attempts_in_use(key, plan, attempt)
+        plan = plan.at_attempt(attempt)
         backend = self._backend(key, raw, plan, changes)
         if backend is None:
             if self.backends.for_plan(plan) is None:
@@ -322,7 +327,7 @@ class Reconciler:
         changes.outcome = Outcome(plan=plan, backend=backend, trainjob=trainjob, runtime=runtime)
         changes.dropped = set()
         try:
-            return await self._converge(raw, plan, backend, changes)
+            return await self._converge(raw, plan, backend, changes, in_use)
         finally:
             self._say_dropped(key, raw, changes)
 
@@ -524,12 +529,35 @@ class Reconciler:
             return None
         return any(job.counts[PENDING] or job.counts[LIVE] for job in pods.jobs(*key).values())
 
-    def _attempt(self, key: Key) -> int:
-        """The JobSet restart attempt of the TrainJob's newest pods (0 before any)."""
-        return self._pods.attempt(*key) if self._pods is not None else 0
+    def _attempt(self, key: Key, uid: str | None) -> int | None:
+        """The TrainJob's JobSet restart attempt, from its JobSet (never from pod labels, which
+        anyone who may create a pod can write); 0 while the JobSet of its name is an earlier
+        TrainJob's; None until the JobSets are listed."""
+        if not self.cache.jobsets.synced:
+            return None
+        found = self.cache.restart_attempt(*key, uid)
+        return 0 if found is None else found
+
+    def _attempts_in_use(self, key: Key, plan: Plan, attempt: int) -> frozenset[str]:
+        """The names of other attempts' PodGroups (and CompositePodGroups) whose pods are still
+        pending or live: never deleted under them (a restart's old pods end in their own
+        time; a pod that forged an attempt makes none of ours go)."""
+        if self._pods is None or plan.plan_version < 2:
+            return frozenset()
+        names: set[str] = set()
+        for other in self._pods.attempts(*key) - {attempt}:
+            earlier = plan.at_attempt(other)
+            names.update(g.pod_group_name for g in earlier.groups)
+            names.update(c.name for c in earlier.composites)
+        return frozenset(names)
 
     async def _converge(
-        self, trainjob: JsonObject, plan: Plan, backend: GangBackend, changes: Changes
+        self,
+        trainjob: JsonObject,
+        plan: Plan,
+        backend: GangBackend,
+        changes: Changes,
+        in_use: frozenset[str] = frozenset(),
     ) -> Result:
         """Creates what is missing (parents first), repairs drift, and removes what this
         TrainJob no longer needs, of any backend (children first)."""
@@ -604,7 +632,8 @@ class Reconciler:
                     stored_uids[(kind.kind, name)] = stored_uid
         for kind in reversed(self.kinds):
             for stale in self._deepest_first(kind, self.cache.owned(kind, uid)):
-                if is_managed(stale) and (kind, _meta(stale).get("name")) not in wanted:
+                name = _meta(stale).get("name")
+                if is_managed(stale) and (kind, name) not in wanted and name not in in_use:
                     await self._delete(trainjob, kind, stale, "no longer in the plan", changes)
         return DONE
 
@@ -819,6 +848,16 @@ class Reconciler:
             self.queue.add_after((namespace, name), self.settings.gc_grace)
         else:
             self.queue.add((namespace, name))
+
+    def _jobset_changed(
+        self, event: EventType, old: JsonObject | None, new: JsonObject | None
+    ) -> None:
+        """A JobSet restart (status.restarts) is a new gang: made before its pods come."""
+        was, now = (o.get("status") if o else None for o in (old, new))
+        if was != now or event != "MODIFIED":
+            key = key_of(new or old or {})
+            if key is not None and self.queue is not None:
+                self.queue.add(key)
 
     def _pods_changed(self, namespace: str, jobset: str) -> None:
         """A Job's live pods changed: its TrainJob's gang health is judged again (the queue

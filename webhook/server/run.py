@@ -27,6 +27,7 @@ from typing import Any
 import orjson
 from kubernetes.aio.client import ApiClient
 
+from ..admission.handlers import would_hold
 from ..backends.base import GangBackend
 from ..backends.coscheduling import CoschedulingSettings
 from ..backends.kai import KaiSettings
@@ -36,6 +37,7 @@ from ..kube.cache import Cache, GangApi, Store
 from ..kube.client import (
     connect,
     informers,
+    jobset_informers,
     kind_informers,
     node_informer,
     pod_informers,
@@ -45,9 +47,13 @@ from ..kube.discovery import BackendApiWatch
 from ..kube.events import EventRecorder
 from ..kube.feasibility import Mode
 from ..kube.gangpods import GangPods
+from ..kube.informer import Informer
+from ..kube.jobsetwatch import watch_jobsets
+from ..kube.lacking import lacking
 from ..kube.leader import LeaderElector, LeaseSettings
 from ..kube.lookup import TrainJobLookup, api_ask
 from ..kube.metered import MeteredApiClient
+from ..kube.waker import JobWaker
 from ..kube.whoami import TIMEOUT as WHOAMI_TIMEOUT
 from ..kube.whoami import WhoAmIError, who_am_i
 from ..kube.writer import ApiWriter, WriterSettings
@@ -378,11 +384,39 @@ def background(
     def restarted(resource: str) -> None:
         metrics.watch_restarts.labels(resource=resource).inc()
 
+    def refusal_changed(resource: str, before: str | None, after: str | None) -> None:
+        if before is not None:
+            metrics.watches_refused.labels(resource=resource, reason=before).dec()
+        if after is not None:
+            metrics.watches_refused.labels(resource=resource, reason=after).inc()
+
+    def counted(found: list[Informer]) -> list[Informer]:
+        """The informers, each counting its refusals while they last."""
+        for informer in found:
+            informer.on_refusal = functools.partial(refusal_changed, informer.resource.plural)
+        return found
+
     jobs: list[Coroutine[Any, Any, None]] = [
-        i.run() for i in informers(api, cache, r.namespaces, restarted)
+        i.run() for i in counted(informers(api, cache, r.namespaces, restarted))
     ]
+    jobs.append(
+        watch_jobsets(
+            api,
+            cache.jobsets,
+            lambda: counted(jobset_informers(api, cache, r.namespaces, restarted)),
+        )
+    )
+    # The Jobs whose pods the pod webhook holds, woken once they would be tied (`waker.py`).
+    waker = JobWaker(
+        api,
+        functools.partial(would_hold, cache=cache),
+        on_wake=lambda reason: metrics.jobs_woken.labels(reason=reason).inc(),
+        on_round=metrics.oldest_hold_age.set,
+    )
+    cache.on_hold = waker.held
+    jobs.append(waker.run())
     if settings.feasibility != "off":
-        jobs.append(node_informer(api, cache, restarted).run())
+        jobs += [i.run() for i in counted([node_informer(api, cache, restarted)])]
     reconciler: Reconciler | None = None
     if r.enabled:
         writer = ApiWriter(
@@ -395,10 +429,12 @@ def background(
             me,
             on_event=lambda reason: metrics.events.labels(reason=reason).inc(),
             on_drop=metrics.events_dropped.inc,
+            on_refused=lambda reason: metrics.events_refused.labels(reason=reason).inc(),
             gate=writer.lanes.report_turn,  # Events report: after the gang writes
         )
         pods = GangPods()  # gang health after admission: JobSet's pods, counted
-        jobs += [i.run() for i in pod_informers(api, pods, r.namespaces, restarted)]
+        jobs.append(sweep_when_listed(cache, pods, waker))
+        jobs += [i.run() for i in counted(pod_informers(api, pods, r.namespaces, restarted))]
         reconciler = Reconciler(
             cache,
             writer,
@@ -424,7 +460,7 @@ def background(
         BackendApiWatch(
             api,
             cache,
-            lambda kind: kind_informers(api, cache, kind, r.namespaces, restarted),
+            lambda kind: counted(kind_informers(api, cache, kind, r.namespaces, restarted)),
             period=r.discovery_period,
             on_change=api_changed,
         ).run()
@@ -439,6 +475,19 @@ def background(
     elector = LeaderElector(api, lease, on_change=lambda leading: leader.set(int(leading)))
     jobs.append(elector.run(reconciler.run))
     return jobs
+
+
+async def sweep_when_listed(cache: Cache, pods: GangPods, waker: JobWaker) -> None:
+    """Once what it reads is listed, the Jobs of ganged TrainJobs that lack pods are given to
+    the waker (`kube/lacking.py`): their creations were refused while no replica answered."""
+    while not (cache.synced and pods.synced and cache.gangs_listed()):
+        await asyncio.sleep(0.2)
+    found = 0
+    for pod in lacking(cache, pods):
+        waker.held(pod)
+        found += 1
+    if found:
+        log.info("Jobs lacking pods at start, to be woken", extra={"fields": {"jobs": found}})
 
 
 def count_requests(api: MeteredApiClient, metrics: Metrics) -> None:

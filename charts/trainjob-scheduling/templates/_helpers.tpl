@@ -247,6 +247,15 @@ serve.watchNamespaces in a Role of each watched namespace (templates/rbac.yaml).
 - apiGroups: [""]
   resources: [pods]
   verbs: [list, watch]
+# A gang's restart attempt: each JobSet's status.restarts (kept trimmed to it and its owner).
+- apiGroups: [jobset.x-k8s.io]
+  resources: [jobsets]
+  verbs: [list, watch]
+# Wakes a Job whose pod creations were held once its pods would be tied (one annotation the
+# Job controller syncs on), so its backoff never decides when a gang starts.
+- apiGroups: [batch]
+  resources: [jobs]
+  verbs: [patch]
 # The reconciler's objects, per gang backend run (and the gang metrics' watch of them).
 {{- if has "native" .Values.serve.backends }}
 - apiGroups: [scheduling.k8s.io]

@@ -1,0 +1,173 @@
+"""Wakes the Jobs whose pod creations were held, the moment what held them has gone.
+
+The pod webhook holds a ganged TrainJob's pod by denying its creation (`admission/handlers.py`);
+the Job controller creates it again on its own backoff, 1 s doubling to 60 s per Job, so after a
+hold of a minute its backoff, not the cluster, would decide when the gang starts. Each replica
+remembers the Jobs it held (`held`), looks every `period` whether their pods would be tied now
+(`judge`: the pod webhook's own decision, from the cache), and wakes each one that would: a
+merge patch of one annotation on the Job, an update the Job controller syncs on within about a
+second. A replica that starts also wakes, once what it needs is listed, the Jobs of ganged
+TrainJobs that lack pods and have lost none (`sweep`): their creations were refused while no
+replica answered, and nobody held them to remember.
+
+Bounded: at most `max_jobs` Jobs remembered (the oldest forgotten first), each for at most
+`keep_for` seconds (then the Job controller's own retries are left to it). The age of the
+oldest hold is a gauge: holds are for faults, and one that lasts is what to alert on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes.aio.client import ApiClient, BatchV1Api
+from kubernetes.aio.client.exceptions import ApiException
+
+log = logging.getLogger("webhook.waker")
+
+WAKE_ANNOTATION = "trainjob-scheduling.dev/woken-at"
+MERGE_PATCH = "application/merge-patch+json"
+
+
+@dataclass(frozen=True)
+class HeldPod:
+    """What placed a held pod (enough to judge a pod of its Job again) and its Job."""
+
+    namespace: str
+    job: str
+    trainjob: str
+    labels: Mapping[str, str]
+    scheduler: str | None
+    reason: str
+
+
+@dataclass
+class _Held:
+    pod: HeldPod
+    since: float  # when the first hold of its Job was
+    last: float  # when the last one was
+    failures: int = 0  # wakes that failed in a row (retried on later rounds)
+
+
+@dataclass
+class WakerSettings:
+    period: float = 0.25  # seconds between looks at the held Jobs
+    keep_for: float = 900.0  # seconds a held Job is remembered
+    max_jobs: int = 10_000
+    timeout: float = 5.0  # of one wake
+    wakes_per_round: int = 64  # bounded work per look; the rest wait for the next
+    retries: int = 5  # failed wakes of one Job before it is left to the Job controller
+
+
+@dataclass
+class JobWaker:
+    api: ApiClient | None
+    judge: Callable[[HeldPod], bool]
+    """True while a pod of the held Job would still be held."""
+    settings: WakerSettings = field(default_factory=WakerSettings)
+    on_wake: Callable[[str], None] | None = None  # the hold's reason, per Job woken
+    on_round: Callable[[float], None] | None = None  # the oldest hold's age, after each look
+    clock: Callable[[], float] = time.monotonic
+    wall: Callable[[], float] = time.time
+    _held: dict[tuple[str, str], _Held] = field(default_factory=dict)
+    _refused: bool = False  # a wake answered 403 (said once)
+
+    def held(self, pod: HeldPod) -> None:
+        """A pod of `pod.job` was held (called from the pod webhook: no I/O)."""
+        key = (pod.namespace, pod.job)
+        now = self.clock()
+        found = self._held.pop(key, None)
+        since = found.since if found is not None else now
+        self._held[key] = _Held(pod, since, now)  # the newest last: the oldest go first
+        while len(self._held) > self.settings.max_jobs:
+            del self._held[next(iter(self._held))]
+
+    def oldest(self) -> float:
+        """Seconds since the oldest hold still remembered began (0 when none)."""
+        now = self.clock()
+        return max((now - h.since for h in self._held.values()), default=0.0)
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    async def run(self) -> None:
+        while True:
+            await self.round()
+            await asyncio.sleep(self.settings.period)
+
+    async def round(self) -> None:
+        """One look at every held Job: the ones whose pods would be tied now are woken."""
+        now = self.clock()
+        due: list[tuple[tuple[str, str], _Held]] = []
+        for key, held in list(self._held.items()):
+            if now - held.since > self.settings.keep_for:
+                del self._held[key]  # the Job controller's own retries have it from here
+                continue
+            try:
+                still = self.judge(held.pod)
+            except Exception:  # a judge that fails must not stop the others being woken
+                log.exception("judging a held Job failed", extra=_fields(held.pod))
+                continue
+            if not still:
+                due.append((key, held))
+                if len(due) >= self.settings.wakes_per_round:
+                    break
+        if due:
+            await asyncio.gather(*(self._wake(key, held) for key, held in due))
+        if self.on_round is not None:
+            self.on_round(self.oldest())
+
+    async def _wake(self, key: tuple[str, str], held: _Held) -> None:
+        pod = held.pod
+        if self.api is None:
+            self._held.pop(key, None)
+            return
+        stamp = datetime.fromtimestamp(self.wall(), UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        body = {"metadata": {"annotations": {WAKE_ANNOTATION: stamp}}}
+        try:
+            async with asyncio.timeout(self.settings.timeout):
+                await BatchV1Api(self.api).patch_namespaced_job(
+                    pod.job, pod.namespace, body, _content_type=MERGE_PATCH
+                )
+        except ApiException as err:
+            if err.status == 403 and not self._refused:
+                self._refused = True
+                log.warning(
+                    "may not patch Jobs to wake them: held pods come when the Job controller "
+                    "retries on its own (grant patch on jobs, as the chart's ClusterRole does)",
+                    extra=_fields(pod, error=f"HTTP {err.status}"),
+                )
+            if err.status in (403, 404, 422):  # not allowed, gone, or not a Job we can change
+                self._held.pop(key, None)
+                return
+            self._failed(key, held, f"HTTP {err.status}")
+            return
+        except (TimeoutError, OSError) as err:
+            self._failed(key, held, type(err).__name__)
+            return
+        except Exception as err:  # the client's own errors: keep the Job for a later round
+            self._failed(key, held, f"{type(err).__name__}: {err}"[:200])
+            return
+        if self._held.get(key) is held:
+            del self._held[key]
+        if self.on_wake is not None:
+            self.on_wake(pod.reason)
+        log.info(
+            "held Job woken",
+            extra=_fields(pod, held_for_seconds=round(self.clock() - held.since, 3)),
+        )
+
+    def _failed(self, key: tuple[str, str], held: _Held, error: str) -> None:
+        held.failures += 1
+        if held.failures >= self.settings.retries:
+            self._held.pop(key, None)
+        log.debug("waking a held Job failed", extra=_fields(held.pod, error=error))
+
+
+def _fields(pod: HeldPod, **more: Any) -> dict[str, Any]:
+    return {"fields": {"job": f"{pod.namespace}/{pod.job}", "reason": pod.reason, **more}}
