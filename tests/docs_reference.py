@@ -297,6 +297,10 @@ WEBHOOK_PURPOSE = {
     "/mutate-trainer-kubeflow-org-v1alpha1-trainingruntime": "the same, namespaced",
     "/mutate--v1-pod": "a TrainJob's pod is tied to its group of the plan, the way its backend "
     "ties pods, once that backend's objects can exist (a group it already names is replaced)",
+    "/mutate--v1-pod-unlabelled": "the same for a JobSet pod without the gang label (best "
+    "effort: a runtime labelled before the label existed; a plain JobSet's pods pass)",
+    "/validate-trainer-kubeflow-org-v1alpha1-trainjob-snapshot": "the runtime snapshot's tamper "
+    "check alone, for the requests that set, change or remove it (always Fail)",
     "/mutate-trainer-kubeflow-org-v1alpha1-trainjob": "on CREATE, the runtime is frozen into "
     "the TrainJob (its snapshot annotation), so its pods are tied the moment they come",
     "/mutate-batch-v1-job": "a ganged TrainJob's Job names its PodGroup in its pod template, so "
@@ -651,6 +655,10 @@ KEYS: list[tuple[str, str, str, str, str, str]] = [
     ("webhook.kube.store", "LAST_APPLIED", "annotation", "every cached object", "dropped",
      "`kubectl apply`'s copy of the object: left out of the watch cache with `managedFields` "
      "(nothing reads them; [sizing](../architecture/benchmarks.md))"),
+    ("webhook.core.defaults", "GANG_LABEL", "label",
+     "Job template and pod template of a ReplicatedJob in a group (so every Job and pod of it)",
+     "written (runtime webhook), read (pod webhook's objectSelector)", "`true`: its pods go to the "
+     "pod webhook whose failurePolicy is Fail; every other pod never waits on the service"),
     ("webhook.kube.waker", "WAKE_ANNOTATION", "annotation", "Job of a ganged TrainJob",
      "written", "when the pods the webhook held would be tied now: an update the Job controller "
      "syncs on, so its backoff never decides when a gang starts (the value: when)"),

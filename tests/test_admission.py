@@ -25,8 +25,11 @@ import yaml
 
 from webhook.admission.routes import WEBHOOKS
 from webhook.core import naming
+from webhook.core.defaults import GANG_LABEL
 from webhook.core.snapshot import SNAPSHOT_ANNOTATION as SNAPSHOT
 from webhook.core.snapshot import snapshot
+from webhook.core.trainer import Runtime
+from webhook.core.validation import runtime_layout
 from webhook.kube.cache import Cache
 from webhook.server.logs import json_handler
 from webhook.server.reviewlog import FLUSH_AFTER, FLUSH_BYTES, ReviewLog
@@ -155,6 +158,27 @@ def patch_of(response: dict[str, Any]) -> list[dict[str, Any]] | None:
     return ops
 
 
+def gang_labelled(raw: dict[str, Any]) -> set[str]:
+    """The ReplicatedJobs whose Job template and pod template both carry the gang label."""
+    found = set()
+    spec = raw.get("spec") or {}
+    rjs = ((spec.get("template") or {}).get("spec") or {}).get("replicatedJobs") or []
+    for job_set_entry in rjs:
+        template = job_set_entry.get("template") or {}
+        job = (template.get("metadata") or {}).get("labels") or {}
+        pod = ((template.get("spec") or {}).get("template") or {}).get("metadata") or {}
+        if job.get(GANG_LABEL) == "true" and (pod.get("labels") or {}).get(GANG_LABEL) == "true":
+            found.add(job_set_entry["name"])
+    return found
+
+
+def grouped_in(raw: dict[str, Any]) -> set[str]:
+    """The ReplicatedJobs a group of the runtime's plan holds (none without spec.scheduling)."""
+    runtime = Runtime.model_validate(raw)
+    layout, _ = runtime_layout(runtime)
+    return {rj for g in layout.groups for rj in g.targets} if layout is not None else set()
+
+
 def frozen_patch(server: RunningServer, review: dict[str, Any]) -> list[dict[str, Any]]:
     """What the TrainJob mutating webhook adds to a TrainJob CREATE: the snapshot of its runtime
     as the cache holds it, beside the annotations it carries."""
@@ -181,6 +205,15 @@ def test_captured_review(server: RunningServer, client: httpx.Client, name: str)
         "trainjob-create"
     ):  # frozen when created: its pods are tied the moment they come
         assert ops == frozen_patch(server, review)
+    elif "runtime" in path and path.startswith("/mutate") and review["request"]["object"]:
+        # The defaults, and the gang label on the Job and pod templates of every ReplicatedJob
+        # a group holds (the pod webhook's objectSelector).
+        escaped = GANG_LABEL.replace("/", "~1")
+        stamps = [op for op in ops or [] if GANG_LABEL in json.dumps(op) or escaped in op["path"]]
+        rest = [op for op in ops or [] if op not in stamps]
+        assert (rest or None) == EXPECTED_PATCHES.get(name)
+        labelled = jsonpatch.apply_patch(review["request"]["object"], ops or [])
+        assert gang_labelled(labelled) == grouped_in(labelled)
     else:
         assert ops == EXPECTED_PATCHES.get(name)
     if ops is None:

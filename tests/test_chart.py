@@ -34,6 +34,7 @@ from webhook.admission.routes import WEBHOOKS
 from webhook.backends.native_versions import VERSIONS as NATIVE_VERSIONS
 from webhook.backends.registry import all_backends, default_backends
 from webhook.cli import _SERVE_OPTIONS, build_parser
+from webhook.core.defaults import GANG_LABEL
 from webhook.core.snapshot import SNAPSHOT_ANNOTATION as SNAP
 from webhook.kube.cache import Cache
 from webhook.metrics.feasibility import FeasibilityCollector
@@ -498,7 +499,7 @@ def test_every_webhook_path_of_the_service_is_registered_and_no_other(default: R
         service = hook["clientConfig"]["service"]
         assert (service["name"], service["namespace"], service["port"]) == (BASE, NAMESPACE, 443)
         assert "caBundle" not in hook["clientConfig"] and "url" not in hook["clientConfig"]
-        if w.path in (TRAINJOB_PATH, MUTATE_TRAINJOB_PATH):  # every served namespace
+        if w.path in TRAINJOB_PATHS:  # every served namespace
             assert hook["namespaceSelector"] == {}
         elif rule["scope"] == "Namespaced":
             (expression,) = hook["namespaceSelector"]["matchExpressions"]
@@ -509,10 +510,18 @@ def test_every_webhook_path_of_the_service_is_registered_and_no_other(default: R
             assert w.resource == "clustertrainingruntimes" and "namespaceSelector" not in hook
     pods = hooks["/mutate--v1-pod"][1]
     assert pods["rules"][0]["operations"] == ["CREATE"]
-    assert pods["objectSelector"] == {
-        "matchExpressions": [{"key": "jobset.sigs.k8s.io/jobset-name", "operator": "Exists"}]
+    assert pods["objectSelector"] == {  # only the pods of a runtime's groups (its label)
+        "matchExpressions": [{"key": GANG_LABEL, "operator": "Exists"}]
     }
     assert pods["reinvocationPolicy"] == "IfNeeded"
+    unlabelled = hooks["/mutate--v1-pod-unlabelled"][1]
+    assert unlabelled["failurePolicy"] == "Ignore"
+    assert unlabelled["objectSelector"] == {
+        "matchExpressions": [
+            {"key": "jobset.sigs.k8s.io/jobset-name", "operator": "Exists"},
+            {"key": GANG_LABEL, "operator": "DoesNotExist"},
+        ]
+    }
     for path in (
         "/mutate-scheduling-k8s-io-v1beta1-workload",
         "/mutate-scheduling-k8s-io-v1beta1-podgroup",
@@ -525,11 +534,14 @@ def test_every_webhook_path_of_the_service_is_registered_and_no_other(default: R
 def test_failure_policies_and_timeouts_are_values(default: Rendered) -> None:
     hooks = {hook["name"].split(".")[0] + "." + hook["name"].split(".")[1]: hook
              for _, hook in _hooks(default).values()}  # fmt: skip
-    # Only the Job webhook and the TrainJob freeze are Ignore: best effort (the pod webhook
-    # ties the pods anyway; the reconciler freezes a TrainJob a moment later).
+    # Best effort (Ignore), so that an outage blocks nothing the service does not gang: the
+    # Job webhook and the TrainJob freeze (the pod webhook ties the pods anyway; the reconciler
+    # freezes a TrainJob a moment later), unlabelled JobSet pods, the TrainJob rules.
     assert {n: h["failurePolicy"] for n, h in hooks.items() if h["failurePolicy"] != "Fail"} == {
         "jobs.mutate": "Ignore",
         "trainjobs.mutate": "Ignore",
+        "unlabelled-pods.mutate": "Ignore",
+        "trainjobs.validate": "Ignore",
     }
     changed = render({"webhooks": {"mutatePod": {"failurePolicy": "Ignore", "timeoutSeconds": 3,
                                                  "reinvocationPolicy": "Never"}}})  # fmt: skip
@@ -538,7 +550,7 @@ def test_failure_policies_and_timeouts_are_values(default: Rendered) -> None:
         "Ignore", 3, "Never",
     )  # fmt: skip
     others = [h for p, (_, h) in _hooks(changed).items() if p != "/mutate--v1-pod"]
-    assert [h["failurePolicy"] for h in others].count("Ignore") == 2  # Job, TrainJob freeze
+    assert [h["failurePolicy"] for h in others].count("Ignore") == 4
     extra = render({"webhooks": {"excludeNamespaces": ["kube-system", "monitoring"]}})
     values = _hooks(extra)["/mutate--v1-pod"][1]["namespaceSelector"]["matchExpressions"][0][
         "values"
@@ -567,8 +579,8 @@ def _match_conditions_hold(hook: Json, review: Json) -> bool:
 def _object_selected(hook: Json, review: Json) -> bool:
     labels = ((review["request"].get("object") or {}).get("metadata") or {}).get("labels") or {}
     expressions = (hook.get("objectSelector") or {}).get("matchExpressions", [])
-    assert all(e["operator"] == "Exists" for e in expressions)
-    return all(e["key"] in labels for e in expressions)
+    assert all(e["operator"] in ("Exists", "DoesNotExist") for e in expressions)
+    return all((e["key"] in labels) == (e["operator"] == "Exists") for e in expressions)
 
 
 def test_selectors_and_match_conditions_never_skip_a_review_the_service_changes(
@@ -584,19 +596,25 @@ def test_selectors_and_match_conditions_never_skip_a_review_the_service_changes(
         review = parse(json.dumps(doc).encode())
         verb = name.rsplit(".", 2)[1]
         served = [w for w in WEBHOOKS if w.verb == verb and w.judge(review) is None]
-        if not served:
+        # (a resource may have two webhooks: the pods', by the gang label; the TrainJob's rules
+        # and its snapshot's tamper check)
+        results = []
+        for webhook in served:
+            _, hook = hooks[webhook.path]
+            if review.operation not in hook["rules"][0]["operations"]:
+                continue  # the API server never sends it
+            called = _object_selected(hook, doc) and _match_conditions_hold(hook, doc)
+            decision = webhook.handler(review, cache)
+            assert isinstance(decision, Decision)  # without a lookup, no handler awaits
+            results.append((called, bool(decision.patch or not decision.allowed)))
+        if not results:
             continue  # e.g. a pod's validation: no webhook of the service would be called
-        (webhook,) = served
-        _, hook = hooks[webhook.path]
-        if review.operation not in hook["rules"][0]["operations"]:
-            continue  # the API server never sends it
-        called = _object_selected(hook, doc) and _match_conditions_hold(hook, doc)
-        decision = webhook.handler(review, cache)
-        assert isinstance(decision, Decision)  # without a lookup, no handler awaits
-        if decision.patch or not decision.allowed:
-            assert called, f"{name}: the service would answer, but the webhook is skipped"
-        reached += called
-        skipped += not called
+        if any(changes for _, changes in results):
+            assert any(called for called, changes in results if changes), (
+                f"{name}: the service would answer, but the webhook is skipped"
+            )
+        reached += any(called for called, _ in results)
+        skipped += not all(called for called, _ in results)
     assert reached >= 10 and skipped >= 1, (reached, skipped)
     # A pod that already names a group is sent too (the Job controller's per-Job gang names
     # one on a ganged TrainJob's pods when their Job was made while the service was away).
@@ -621,7 +639,9 @@ def test_selectors_and_match_conditions_never_skip_a_review_the_service_changes(
 
 
 MUTATE_TRAINJOB_PATH = "/mutate-trainer-kubeflow-org-v1alpha1-trainjob"
+GUARD_PATH = "/validate-trainer-kubeflow-org-v1alpha1-trainjob-snapshot"
 TRAINJOB_PATH = "/validate-trainer-kubeflow-org-v1alpha1-trainjob"
+TRAINJOB_PATHS = (TRAINJOB_PATH, MUTATE_TRAINJOB_PATH, GUARD_PATH)  # every served namespace
 
 
 def _trainjob_update(change: Any) -> Json:
@@ -1274,9 +1294,13 @@ def test_a_pod_outside_the_watched_namespaces_or_not_a_jobsets_never_reaches_the
     Job template, not the pod template); JobSet labels every pod of a TrainJob's JobSet, so
     `jobset.sigs.k8s.io/jobset-name` is the narrowest label a TrainJob's pod is sure to carry."""
     jobset_pod = fixture("pod-create-by-job-controller.mutate.json")["request"]["object"]
-    labels = jobset_pod["metadata"]["labels"]
+    # A pod of a ReplicatedJob its runtime puts in a group (the runtime webhook labelled its
+    # template; Trainer and JobSet copy the label onto every pod).
+    labels = {**jobset_pod["metadata"]["labels"], GANG_LABEL: "true"}
     assert labels["jobset.sigs.k8s.io/jobset-name"] == "my-job"
     plain = {"app": "web"}
+    # A JobSet pod without it (a plain JobSet's) never reaches the Fail webhook.
+    assert not _pod_reaches(default, "team-a", None, jobset_pod["metadata"]["labels"])
     # Default: every namespace but kube-system and the release's.
     assert _pod_reaches(default, "team-a", None, labels)
     assert not _pod_reaches(default, "team-a", None, plain)
@@ -1300,10 +1324,9 @@ def test_a_pod_outside_the_watched_namespaces_or_not_a_jobsets_never_reaches_the
         selectors = [
             hook["namespaceSelector"]
             for path, (_, hook) in _hooks(r).items()
-            if hook["rules"][0]["scope"] == "Namespaced"
-            and path not in (TRAINJOB_PATH, MUTATE_TRAINJOB_PATH)
+            if hook["rules"][0]["scope"] == "Namespaced" and path not in TRAINJOB_PATHS
         ]
-        assert len(selectors) == 6 and all(s == selectors[0] for s in selectors)
+        assert len(selectors) == 7 and all(s == selectors[0] for s in selectors)
 
 
 def test_every_trainjob_the_reconciler_serves_reaches_the_tamper_check(default: Rendered) -> None:
@@ -1316,31 +1339,50 @@ def test_every_trainjob_the_reconciler_serves_reaches_the_tamper_check(default: 
         {"webhooks": {"namespaceLabel": mark, "excludeNamespaces": ["kube-system", "ml-shared"]}}
     )
     for r in (default, narrowed):
-        _, hook = _hooks(r)[TRAINJOB_PATH]
-        for namespace in ("team-a", "ml-shared", "kube-system", NAMESPACE):
-            assert _namespace_selected(hook["namespaceSelector"], namespace), namespace
-        assert hook["failurePolicy"] == "Fail"
+        for path in (TRAINJOB_PATH, GUARD_PATH):
+            _, hook = _hooks(r)[path]
+            for namespace in ("team-a", "ml-shared", "kube-system", NAMESPACE):
+                assert _namespace_selected(hook["namespaceSelector"], namespace), namespace
+        # The tamper check is always Fail; the TrainJob rules are Ignore (an outage blocks no
+        # TrainJob write that leaves the snapshot alone).
+        assert _hooks(r)[GUARD_PATH][1]["failurePolicy"] == "Fail"
+        assert _hooks(r)[TRAINJOB_PATH][1]["failurePolicy"] == "Ignore"
     assert narrowed.flag("--watch-namespaces") is None  # the reconciler serves them all
     watched = render({"serve": {"watchNamespaces": ["team-a"]}})
-    _, hook = _hooks(watched)[TRAINJOB_PATH]
+    _, hook = _hooks(watched)[GUARD_PATH]
     assert _namespace_selected(hook["namespaceSelector"], "team-a")
     assert not _namespace_selected(hook["namespaceSelector"], "team-b")
     assert watched.flag("--watch-namespaces") == "team-a"
     # Ignore would let a TrainJob carrying a tenant's snapshot in while no replica answers.
     assert "failurePolicy" in refused(
-        {"webhooks": {"validateTrainJob": {"failurePolicy": "Ignore"}}}
+        {"webhooks": {"guardTrainJobSnapshot": {"failurePolicy": "Ignore"}}}
     )
+    # The guard is sent exactly the requests that set, change or remove the snapshot.
+    _, guard = _hooks(default)[GUARD_PATH]
+    bare = fixture("trainjob-create.validate.json")
+    assert not _match_conditions_hold(guard, bare)
+    frozen = copy.deepcopy(bare)
+    frozen["request"]["object"]["metadata"]["annotations"][SNAP] = "{}"
+    assert _match_conditions_hold(guard, frozen)
+    update = copy.deepcopy(frozen)
+    update["request"]["operation"] = "UPDATE"
+    update["request"]["oldObject"] = copy.deepcopy(frozen["request"]["object"])
+    assert not _match_conditions_hold(guard, update)  # left as stored (a label edit, say)
+    update["request"]["object"]["metadata"]["annotations"][SNAP] = "{\"x\": 1}"
+    assert _match_conditions_hold(guard, update)  # changed
+    del update["request"]["object"]["metadata"]["annotations"][SNAP]
+    assert _match_conditions_hold(guard, update)  # removed
 
 
 # What the API server does with each captured request while no replica answers, with the
 # chart's defaults: "refused" (called, failurePolicy Fail) or "admitted" (never sent). The table
 # in docs/tasks/install.md#blast-radius says the same per object kind.
 WHILE_DOWN = {
-    "pod-create-by-job-controller": "refused",  # a TrainJob's pod: retried by the Job controller
-    # A JobSet pod already in a group: it may be a ganged TrainJob's whose Job the Job
-    # controller ganged itself (WorkloadWithJob), so it waits like the others.
-    "pod-create-with-schedulinggroup": "refused",
-    "trainjob-create": "refused",
+    # Captured before the gang label existed: a JobSet pod without it (a plain JobSet's, or one
+    # of a runtime labelled before it: applied again, its pods carry it; see below).
+    "pod-create-by-job-controller": "admitted",
+    "pod-create-with-schedulinggroup": "admitted",
+    "trainjob-create": "admitted",  # no snapshot in it: only the Ignore rules webhook
     "trainjob-update-suspend": "admitted",  # Kueue's suspend/resume
     "trainjob-status-update": "admitted",  # the status subresource is not sent
     "trainjob-delete": "admitted",
@@ -1390,7 +1432,19 @@ def test_what_fails_while_the_service_is_down(default: Rendered) -> None:
     )
     assert not _refused_while_down(default, admits)
     admits["request"]["userInfo"]["username"] = "alice"
-    assert _refused_while_down(default, admits)
+    assert not _refused_while_down(default, admits)  # judged when the service answers
+    # A ganged TrainJob's pod (its runtime's gang label): it waits, the Job controller retries.
+    ganged = fixture("pod-create-by-job-controller.mutate.json")
+    ganged["request"]["object"]["metadata"]["labels"][GANG_LABEL] = "true"
+    assert _refused_while_down(default, ganged)
+    # A TrainJob carrying a snapshot (a tenant's forgery, a restore): the tamper check.
+    carried = fixture("trainjob-create.validate.json")
+    carried["request"]["object"]["metadata"]["annotations"][SNAP] = "{}"
+    assert _refused_while_down(default, carried)
+    # A runtime without spec.scheduling is no gang's: never sent.
+    plain = fixture("clustertrainingruntime-create-level1.validate.json")
+    del plain["request"]["object"]["spec"]["scheduling"]
+    assert not _refused_while_down(default, plain)
 
 
 # --- CRDs ---------------------------------------------------------------------------------------

@@ -46,7 +46,13 @@ from ..core.plan import (
 )
 from ..core.snapshot import SNAPSHOT_ANNOTATION, snapshot, snapshot_of
 from ..core.trainer import DEFAULT_SCHEDULER, TrainJob
-from ..core.validation import CheckedRuntime, Verdict, check_trainjob, judge_runtime
+from ..core.validation import (
+    CheckedRuntime,
+    Verdict,
+    check_trainjob,
+    judge_runtime,
+    runtime_layout,
+)
 from ..kube.cache import Cache, PlanLookup
 from ..kube.waker import HeldPod
 from .feasibility import feasibility_verdict
@@ -122,8 +128,19 @@ def _prune(before: Any, after: Any) -> tuple[Any, Any]:
 # --- runtimes ----------------------------------------------------------------------------------
 
 
+def _schedules(review: Review) -> bool:
+    """Whether the runtime (or the one an update replaces) has spec.scheduling: a runtime that
+    never had is no gang's, and the runtime webhooks leave it alone (the chart's matchConditions
+    do not even send it)."""
+    old = review.old_object if review.operation == "UPDATE" else None
+    return any(
+        isinstance(spec := (o or {}).get("spec"), dict) and spec.get("scheduling") is not None
+        for o in (review.object, old)
+    )
+
+
 def validate_runtime_review(review: Review, cache: Cache) -> Decision:
-    if _skips(review):
+    if _skips(review) or not _schedules(review):
         return Decision()
     assert review.object is not None
     new, old = review.object, review.old_object if review.operation == "UPDATE" else None
@@ -195,10 +212,24 @@ def tree_errors(backend: GangBackend | None, cache: Cache) -> list[FieldError]:
 
 
 def mutate_runtime_review(review: Review, cache: Cache) -> Decision:
-    if _skips(review):
+    if _skips(review) or not _schedules(review):
         return Decision()
     assert review.object is not None
-    return Decision(patch=_diff(review.object, defaults.with_default_policies(review.object)))
+    defaulted = defaults.with_default_policies(review.object)
+    labelled = defaults.with_gang_labels(defaulted, _grouped(defaulted))
+    return Decision(patch=_diff(review.object, labelled))
+
+
+def _grouped(raw: dict[str, Any]) -> frozenset[str]:
+    """The ReplicatedJobs a group of the runtime's plan holds (none when it does not plan: the
+    validating webhook says why)."""
+    runtime, _ = judge_runtime(raw, None)
+    if runtime is None or runtime.spec.scheduling is None:
+        return frozenset()
+    layout, _ = runtime_layout(runtime)
+    if layout is None:
+        return frozenset()
+    return frozenset(rj for group in layout.groups for rj in group.targets)
 
 
 # --- TrainJobs ---------------------------------------------------------------------------------
@@ -239,19 +270,33 @@ def frozen_now(obj: Mapping[str, Any], namespace: str, cache: Cache) -> str | No
     return snapshot(checked.runtime)
 
 
-def validate_trainjob_review(review: Review, cache: Cache) -> Decision:
+def guard_trainjob_review(review: Review, cache: Cache) -> Decision:
+    """The runtime snapshot's tamper check alone: the chart sends only requests that set,
+    change or remove the snapshot here, with failurePolicy Fail, so a TrainJob's create, label
+    and delete never wait on the service while its snapshot stays unforgeable."""
     if _skips(review):
         return Decision()
-    # First, and whatever else the request holds: the gang is built from the snapshot. One
-    # set on CREATE is the service's own when it is what the service freezes now (its TrainJob
-    # mutating webhook froze it in this very request).
+    return _tampered(review, cache) or Decision()
+
+
+def _tampered(review: Review, cache: Cache) -> Decision | None:
+    """A denial when the request writes the snapshot and may not. One set on CREATE is the
+    service's own when it is what the service freezes now (its TrainJob mutating webhook froze
+    it in this very request)."""
     expected = (
         frozen_now(review.object, review.namespace, cache)
         if review.operation == "CREATE" and review.object is not None
         and snapshot_of(review.object) is not None
         else None
     )  # fmt: skip
-    tampered = guard_snapshot(review, cache.service_username, expected)
+    return guard_snapshot(review, cache.service_username, expected)
+
+
+def validate_trainjob_review(review: Review, cache: Cache) -> Decision:
+    if _skips(review):
+        return Decision()
+    # First, and whatever else the request holds: the gang is built from the snapshot.
+    tampered = _tampered(review, cache)
     if tampered is not None:
         return tampered
     assert review.object is not None

@@ -17,11 +17,15 @@ class Webhook:
     kind: str
     resource: str
     handler: h.Handler
+    variant: str = ""
+    """A second webhook of the same resource (another failurePolicy or selector): its path
+    ends in `-<variant>`."""
 
     @property
     def path(self) -> str:
         """controller-runtime's `/<verb>-<group with dots as dashes>-<version>-<kind>`."""
-        return f"/{self.verb}-{self.group.replace('.', '-')}-{self.version}-{self.kind.lower()}"
+        path = f"/{self.verb}-{self.group.replace('.', '-')}-{self.version}-{self.kind.lower()}"
+        return f"{path}-{self.variant}" if self.variant else path
 
     @property
     def name(self) -> str:
@@ -41,6 +45,9 @@ SCHEDULING = "scheduling.k8s.io"
 
 WEBHOOKS: tuple[Webhook, ...] = (
     Webhook("mutate", "", "v1", "Pod", "pods", h.mutate_pod_review),
+    # JobSet pods without the gang label (runtimes labelled before it existed, plain JobSets):
+    # the same judgement, best effort (the chart's failurePolicy is Ignore).
+    Webhook("mutate", "", "v1", "Pod", "pods", h.mutate_pod_review, "unlabelled"),
     Webhook("mutate", "batch", "v1", "Job", "jobs", h.mutate_job_review),
     Webhook("mutate", TRAINER, "v1alpha1", "ClusterTrainingRuntime", "clustertrainingruntimes",
             h.mutate_runtime_review),
@@ -52,6 +59,9 @@ WEBHOOKS: tuple[Webhook, ...] = (
             h.validate_runtime_review),
     Webhook("mutate", TRAINER, "v1alpha1", "TrainJob", "trainjobs", h.mutate_trainjob_review),
     Webhook("validate", TRAINER, "v1alpha1", "TrainJob", "trainjobs", h.validate_trainjob_review),
+    # The runtime snapshot's tamper check alone, for requests that touch it (always Fail).
+    Webhook("validate", TRAINER, "v1alpha1", "TrainJob", "trainjobs", h.guard_trainjob_review,
+            "snapshot"),
     Webhook("mutate", SCHEDULING, "v1beta1", "Workload", "workloads",
             h.mutate_backend_object_review),
     Webhook("mutate", SCHEDULING, "v1beta1", "PodGroup", "podgroups",

@@ -16,6 +16,12 @@ from typing import Any
 from .layout import MAX_ENTRIES
 
 GANG_DEFAULT: dict[str, Any] = {"gang": {}}
+# On the Job template and the pod template of each ReplicatedJob a runtime puts in a group:
+# JobSet copies a ReplicatedJob's Job template labels onto its Jobs, and Trainer and JobSet its
+# pod template's onto every pod, so the pod webhook's objectSelector can send only these pods
+# (and, while the service is down, hold only these).
+GANG_LABEL = "trainjob-scheduling.dev/gang"
+GANG_LABEL_VALUE = "true"
 
 
 # --- runtimes ----------------------------------------------------------------------------------
@@ -69,3 +75,61 @@ def _own(parent: dict[str, Any], key: str) -> dict[str, Any]:
     child = dict(parent[key])
     parent[key] = child
     return child
+
+
+def with_gang_labels(runtime: Mapping[str, Any], grouped: frozenset[str]) -> dict[str, Any]:
+    """Each ReplicatedJob in `grouped` (those a group of the runtime's plan holds) labelled
+    `GANG_LABEL` on its Job template and its pod template; every other one without it (a
+    runtime that drops spec.scheduling, or a ReplicatedJob that leaves its group, loses it).
+    Shapes that are not objects are left alone."""
+    out = dict(runtime)
+    rjs = _at(out, "spec", "template", "spec", "replicatedJobs")
+    if not isinstance(rjs, list):
+        return out
+    changed: dict[int, dict[str, Any]] = {}
+    for i, rj in enumerate(rjs):
+        if not isinstance(rj, dict) or not isinstance(rj.get("template"), dict):
+            continue
+        wanted = rj.get("name") in grouped
+        template = rj["template"]
+        job_labelled = _labelled(template, wanted)
+        pod = _at(template, "spec", "template")
+        pod_labelled = _labelled(pod, wanted) if isinstance(pod, dict) else None
+        if job_labelled is None and pod_labelled is None:
+            continue
+        template = dict(job_labelled or template)
+        if pod_labelled is not None:
+            template["spec"] = {**template["spec"], "template": pod_labelled}
+        changed[i] = {**rj, "template": template}
+    if not changed:
+        return out
+    spec = _own(out, "spec")
+    jobset = _own(_own(spec, "template"), "spec")
+    jobset["replicatedJobs"] = [changed.get(i, rj) for i, rj in enumerate(rjs)]
+    return out
+
+
+def _labelled(template: dict[str, Any], wanted: bool) -> dict[str, Any] | None:
+    """A copy of a (Job or pod) template with the gang label set (`wanted`) or removed; None
+    when it is so already."""
+    meta = template.get("metadata")
+    if meta is not None and not isinstance(meta, dict):
+        return None
+    labels = (meta or {}).get("labels")
+    if labels is not None and not isinstance(labels, dict):
+        return None
+    labels = labels or {}
+    has = labels.get(GANG_LABEL) == GANG_LABEL_VALUE
+    if has == wanted and (wanted or GANG_LABEL not in labels):
+        return None
+    if wanted:
+        new_labels = {**labels, GANG_LABEL: GANG_LABEL_VALUE}
+    else:
+        new_labels = {k: v for k, v in labels.items() if k != GANG_LABEL}
+    return {**template, "metadata": {**(meta or {}), "labels": new_labels}}
+
+
+def _at(obj: Any, *path: str) -> Any:
+    for part in path:
+        obj = obj.get(part) if isinstance(obj, dict) else None
+    return obj

@@ -52,6 +52,14 @@ resumes; preemption restores and suspends). A tenant's runtimePatches change is 
 request.operation != 'UPDATE' || !has(object.spec) || !has(oldObject.spec) || (has(object.metadata.annotations) ? object.metadata.annotations : {}) != (has(oldObject.metadata.annotations) ? oldObject.metadata.annotations : {}) || (has(object.metadata.labels) ? object.metadata.labels : {}) != (has(oldObject.metadata.labels) ? oldObject.metadata.labels : {}) || object.spec.exists(k, !{{ $skip }} && (!(k in oldObject.spec) || object.spec[k] != oldObject.spec[k])) || oldObject.spec.exists(k, !{{ $skip }} && !(k in object.spec))
 {{- end -}}
 
+{{/* CEL: the request sets, changes or removes the TrainJob's runtime snapshot annotation
+(webhook/admission/snapshot_guard.py's `snapshot_change`). On CREATE oldObject is null: the
+`request.operation == 'UPDATE'` side is false before it is read. */}}
+{{- define "tjs.writesSnapshot" -}}
+{{- $k := "trainjob-scheduling.dev/runtime-snapshot" -}}
+(has(object.metadata.annotations) && '{{ $k }}' in object.metadata.annotations ? object.metadata.annotations['{{ $k }}'] : '<none>') != (request.operation == 'UPDATE' && has(oldObject.metadata.annotations) && '{{ $k }}' in oldObject.metadata.annotations ? oldObject.metadata.annotations['{{ $k }}'] : '<none>')
+{{- end -}}
+
 {{- define "tjs.chartLabel" -}}
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
