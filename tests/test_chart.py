@@ -1368,7 +1368,7 @@ def test_every_trainjob_the_reconciler_serves_reaches_the_tamper_check(default: 
     update["request"]["operation"] = "UPDATE"
     update["request"]["oldObject"] = copy.deepcopy(frozen["request"]["object"])
     assert not _match_conditions_hold(guard, update)  # left as stored (a label edit, say)
-    update["request"]["object"]["metadata"]["annotations"][SNAP] = "{\"x\": 1}"
+    update["request"]["object"]["metadata"]["annotations"][SNAP] = '{"x": 1}'
     assert _match_conditions_hold(guard, update)  # changed
     del update["request"]["object"]["metadata"]["annotations"][SNAP]
     assert _match_conditions_hold(guard, update)  # removed
