@@ -38,6 +38,7 @@ from ..kube import rest
 from ..kube.client import CLUSTER_RUNTIMES, TRAINING_RUNTIMES, TRAINJOBS
 from ..kube.discovery import Versioned, newest_served
 from ..kube.gangpods import attempt_of
+from ..kube.jobsets import restart_attempt
 
 Json = dict[str, Any]
 PAGE = 500
@@ -173,10 +174,23 @@ async def gather(api: ApiClient, namespace: str, name: str) -> Findings:
         await _gang_objects(api, found)
     await _pods_and_events(api, found)
     if found.plan is not None:  # the PodGroups of the JobSet's current restart attempt
-        found.plan = found.plan.at_attempt(_attempt(found.pods))
+        attempt = await _jobset_attempt(api, found)
+        found.plan = found.plan.at_attempt(attempt if attempt is not None else _attempt(found.pods))
     await _kueue(api, found)
     await _nodes(api, found)
     return found
+
+
+async def _jobset_attempt(api: ApiClient, found: Findings) -> int | None:
+    """The restart attempt the TrainJob's JobSet is at (its status.restarts), as the service
+    reads it; None when the JobSet cannot be read (not made yet, or no `get` on jobsets)."""
+    path = rest.collection("jobset.x-k8s.io", "v1alpha2", "jobsets", found.namespace)
+    try:
+        jobset = await rest.get_json(api, f"{path}/{quote(found.name, safe='')}")
+    except Exception:  # not found, forbidden, not served: the pods say it instead
+        return None
+    uid = (found.trainjob.get("metadata") or {}).get("uid")
+    return restart_attempt(jobset, uid if isinstance(uid, str) else None)
 
 
 def _attempt(pods: list[Json]) -> int:
