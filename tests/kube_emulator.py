@@ -55,8 +55,8 @@ Gang objects, as a 1.37 server with its controllers (shared/reference/real-clust
   it) once none does, as kube-controller-manager's protection controller does, here at once;
 * with `pod_group_defaults = True`, a PodGroup's create fills in `disruptionMode: {single: {}}`,
   `priority: 0` and `preemptionPolicy: PreemptLowerPriority` where unset, as defaulting and
-  the Priority admission plugin (no class) do; `feature_gates_off` (e.g.
-  `{"TopologyAwareWorkloadScheduling"}`) drops the gated fields from a gang object's create;
+  the Priority admission plugin (no class) do (which fields a real server drops while their
+  feature gate is off is make e2e's, against a real one: tests/e2e);
 * updates that change an immutable field are 422 `Invalid`, a cause per field worded
   `<field>: Invalid value: <value>: field is immutable`: a PodGroup's spec but
   `schedulingPolicy.gang.minCount`; a Workload's spec but each template's `gang.minCount`
@@ -196,11 +196,6 @@ _POD_GROUP_DEFAULTS = {
     # 1.36: a string mode, no preemptionPolicy; its default `Pod` is assumed (was-api.md 1.7
     # does not say it).
     POD_GROUPS_V1ALPHA2: {"disruptionMode": "Pod", "priority": 0},
-}
-# The gang objects' fields behind a feature gate, by gate.
-_GATED_FIELDS = {
-    "TopologyAwareWorkloadScheduling": "schedulingConstraints",
-    "DRAWorkloadResourceClaims": "resourceClaims",
 }
 
 LIST = kmock.action.LIST
@@ -619,7 +614,6 @@ class VersionedEmulator(KubernetesEmulator):
     pod_group_defaults: bool = False
     # Feature gates off on this server (e.g. "TopologyAwareWorkloadScheduling"): their fields
     # are dropped from the gang objects a create stores.
-    feature_gates_off: set[str] = attrs.field(factory=set)
 
     _rv: int = attrs.field(default=0, init=False)
     _compacted: int = attrs.field(default=0, init=False)
@@ -860,7 +854,6 @@ class VersionedEmulator(KubernetesEmulator):
             meta["namespace"] = namespace
         key = (resource, namespace, name)
         _validate(resource, name, obj, None)
-        self._drop_gated_fields(resource, obj)
         if resource in _ALL_POD_GROUPS and self.pod_group_defaults:
             spec = obj.setdefault("spec", {})
             for field, default in _POD_GROUP_DEFAULTS[resource].items():
@@ -887,26 +880,6 @@ class VersionedEmulator(KubernetesEmulator):
             created = await self._commit(key, "ADDED", obj)
         self._created.add(request)  # answered 201 Created (see _handle)
         return created
-
-    def _drop_gated_fields(self, resource: kmock.resource, obj: Json) -> None:
-        """A create's fields behind a feature gate in `feature_gates_off`, dropped as the API
-        server drops a disabled field (no error): from a PodGroup's or CompositePodGroup's
-        spec and from every template of a Workload."""
-        dropped = [f for gate, f in _GATED_FIELDS.items() if gate in self.feature_gates_off]
-        if not dropped or resource not in (*_ALL_POD_GROUPS, COMPOSITE_POD_GROUPS, *_ALL_WORKLOADS):
-            return
-
-        def drop(node: Any, here: bool) -> None:
-            if isinstance(node, list):
-                for item in node:
-                    drop(item, True)
-            elif isinstance(node, dict):
-                for field in dropped if here else ():
-                    node.pop(field, None)
-                for key in ("podGroupTemplates", "compositePodGroupTemplates"):
-                    drop(node.get(key), False)
-
-        drop(obj.get("spec"), resource not in _ALL_WORKLOADS)
 
     async def _serve_replace(self, request: kmock.Request) -> kmock.Payload:
         """PUT: the body is the whole new object (of `.../status`: its status)."""

@@ -793,7 +793,7 @@ async def test_garbage_collection_of_a_pod_group_waits_for_the_pods_that_name_it
 
 
 @pytest.mark.asyncio
-async def test_a_pod_group_gets_the_server_defaults_and_loses_fields_of_gates_off() -> None:
+async def test_a_pod_group_gets_the_server_defaults() -> None:
     async with emulator() as (k, _):
         k.pod_group_defaults = True
         filled = await create(k, POD_GROUPS, pod_group())
@@ -804,13 +804,8 @@ async def test_a_pod_group_gets_the_server_defaults_and_loses_fields_of_gates_of
             "preemptionPolicy": "PreemptLowerPriority",
         }
         k.pod_group_defaults = False
-        k.feature_gates_off = {"TopologyAwareWorkloadScheduling"}
         bare = await create(k, POD_GROUPS, pod_group("h"))
-        assert "schedulingConstraints" not in bare["spec"]
-        assert bare["spec"]["schedulingPolicy"] == GANG
-        stored = await create(k, WORKLOADS, gang_workload("node", "launcher"))
-        for template in stored["spec"]["podGroupTemplates"]:
-            assert "schedulingConstraints" not in template and template["schedulingPolicy"] == GANG
+        assert bare["spec"] == pod_group("h")["spec"]
 
 
 def blocking(obj: Json, owner: Json) -> Json:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -47,7 +48,7 @@ from tests.test_reconciler import (
     stored,
     trainjob,
 )
-from webhook.backends.native import COMPOSITE, WORKLOAD
+from webhook.backends.native import COMPOSITE, POD_GROUP, WORKLOAD
 from webhook.core import condition as cond
 from webhook.core.plan import JOB_INDEX, JOBSET_NAME, REPLICATED_JOB_NAME, build_plan
 from webhook.kube.cache import Cache
@@ -488,11 +489,35 @@ async def test_a_gang_that_can_never_fit_is_infeasible_with_the_numbers() -> Non
 
 async def test_fields_the_api_server_dropped_name_the_feature_gate() -> None:
     async with service() as s:
-        # An API server with the gate off stores the gang without the topology constraint.
-        s.k.feature_gates_off = {"TopologyAwareWorkloadScheduling"}
         group = await with_its_gang(s)
-        stored = await get(s.k, POD_GROUPS, NS, group)
-        assert stored is not None and "schedulingConstraints" not in stored["spec"]
+        # Stored as an API server with the gate off stores them: without the topology
+        # constraint (null in a Workload template). What a real one drops is make e2e's
+        # (tests/e2e) and the captures' (tests/test_dropped_fields.py); here, the reconciler's
+        # report of it.
+        s.cache.apis["native"] = "not-served"  # the reconciler leaves the TrainJob alone
+        for resource in (POD_GROUPS, WORKLOADS):
+            found = await get(s.k, resource, NS, group)
+            assert found is not None
+            await delete(s.k, resource, NS, group)
+            dropped = copy.deepcopy(found)
+            for key in ("uid", "resourceVersion", "creationTimestamp", "generation"):
+                dropped["metadata"].pop(key, None)
+            dropped["metadata"].pop("finalizers", None)
+            if resource == POD_GROUPS:
+                del dropped["spec"]["schedulingConstraints"]
+            else:
+                for template in dropped["spec"]["podGroupTemplates"]:
+                    template["schedulingConstraints"] = None
+            await create(s.k, resource, dropped)
+        await eventually(
+            lambda: (
+                (e := s.cache.store(POD_GROUP).get(NS, group)) is not None
+                and "schedulingConstraints" not in e.raw["spec"]
+            ),
+            "the dropped PodGroup cached",
+        )
+        s.cache.apis["native"] = "served"
+        s.reconciler.resync()
         found = await condition_is(s.k, cond.FEATURE_GATE_OFF)
         assert (
             "schedulingConstraints from its PodGroup and Workload (feature gate "
