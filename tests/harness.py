@@ -58,11 +58,13 @@ def fixture_names() -> list[str]:
     return sorted(p.name for p in FIXTURES.glob("*.json"))
 
 
-def fixture_cache(plan_version: int = PLAN_VERSION) -> Cache:
+def fixture_cache(
+    plan_version: int = PLAN_VERSION, clock: Callable[[], float] = time.monotonic
+) -> Cache:
     """A connected, synced cache holding what the cluster held when the fixtures were taken,
     its TrainJob frozen by the reconciler (`plan_version` 1: by a release before plan
     versions, whose gang has the legacy names of was-api.md section 4)."""
-    cache = Cache(connected=True)
+    cache = Cache(connected=True, clock=clock)
     cache.jobsets.replace([])  # listed, none: restart attempt 0
     stores = {
         "TrainJob": cache.trainjobs,

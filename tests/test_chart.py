@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Awaitable
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from tests.chart import BASE, CHART, NAMESPACE, RELEASE, Json, Rendered, lint, r
 from tests.chart import render_error as refused
 from tests.harness import fixture, fixture_cache, fixture_names
 from tests.paths import REPO, SAMPLES, SHARED
-from webhook.admission.handlers import validate_trainjob_review
+from webhook.admission.handlers import guard_trainjob_review, validate_trainjob_review
 from webhook.admission.review import Decision, parse
 from webhook.admission.routes import WEBHOOKS
 from webhook.backends.native_versions import VERSIONS as NATIVE_VERSIONS
@@ -663,8 +664,9 @@ def _set(obj: Json, key: str, value: str | None) -> Json:
 def test_trainjob_updates_that_only_flip_suspend_skip_the_service_but_no_snapshot_write_does(
     default: Rendered,
 ) -> None:
-    """Kueue's suspend and resume never wait on the service; the runtime snapshot's tamper
-    check (and every other judged change) is never skipped, even alongside a suspend flip."""
+    """Kueue's suspend and resume never wait on the service; every judged change is sent, and
+    the runtime snapshot's tamper check (its own webhook) is never skipped, even alongside a
+    suspend flip."""
     _, hook = _hooks(default)[TRAINJOB_PATH]
     ((condition,),) = [hook["matchConditions"]]
     assert condition["name"] == "not-only-suspend"
@@ -686,9 +688,19 @@ def test_trainjob_updates_that_only_flip_suspend_skip_the_service_but_no_snapsho
     for i, change in enumerate(called):
         review = _trainjob_update(change)
         assert _match_conditions_hold(hook, review), i
-    for i in range(3):  # and the snapshot writes are denied once there
-        decision = validate(_trainjob_update(called[i]), cache)
+    _, guard = _hooks(default)[GUARD_PATH]
+    for i, writes in enumerate(called[:3]):  # the snapshot writes go to the guard: denied
+        review = _trainjob_update(writes)
+        _suspend_flip(review["request"]["object"], review["request"]["oldObject"])
+        assert _match_conditions_hold(guard, review), i
+        decision = guard_trainjob_review(parse(json.dumps(review).encode()), cache)
+        assert not isinstance(decision, Awaitable)
         assert not decision.allowed and decision.code == 403, (i, decision)
+    assert not _match_conditions_hold(guard, _trainjob_update(called[3]))
+
+
+def _suspend_flip(new: Json, old: Json) -> None:
+    new["spec"]["suspend"], old["spec"]["suspend"] = False, True
 
 
 def _kueue_admits(new: Json, old: Json) -> None:
@@ -803,7 +815,7 @@ def cluster_self(backends: tuple[str, ...]) -> set[tuple[str, str, str, str]]:
     """The ClusterRole the service's account gets when the chart runs `backends`."""
     return {
     *((TRAINER, "trainjobs", v, "") for v in ("get", "list", "watch", "patch")),
-    *((TRAINER, r, v, "") for r in RUNTIMES for v in ("list", "watch")),
+    *((TRAINER, r, v, "") for r in RUNTIMES for v in ("get", "list", "watch")),  # get: the guard
     (TRAINER, "trainjobs/finalizers", "update", ""),
     (TRAINER, "trainjobs/status", "patch", ""),  # the GangScheduling condition
     *(("", "pods", v, "") for v in ("list", "watch")),  # gang health: JobSet's pods, counted

@@ -60,6 +60,7 @@ from tests.test_trees import zone_block_rack
 from webhook.backends.base import Kind
 from webhook.backends.registry import all_backends
 from webhook.core.plan import JOBSET_NAME
+from webhook.core.snapshot import SNAPSHOT_ANNOTATION
 
 T = TypeVar("T")
 
@@ -255,6 +256,9 @@ def rendered() -> Rendered:
     return render(VALUES)
 
 
+SNAPSHOT_GUARD = "/validate-trainer-kubeflow-org-v1alpha1-trainjob-snapshot"
+
+
 def test_the_service_runs_on_the_charts_rbac_alone(tmp_path: Path, rendered: Rendered) -> None:
     rbac = RBAC.of(rendered.objects)  # release and hook objects, as during `helm uninstall`
     with cluster(rbac) as api:
@@ -399,6 +403,19 @@ def test_the_service_runs_on_the_charts_rbac_alone(tmp_path: Path, rendered: Ren
                 url = f"https://127.0.0.1:{webhook_port}/mutate--v1-pod"
                 answer = client.post(url, json=plain, extensions={"sni_hostname": HOST}).json()
             assert answer["response"]["allowed"] is True and "patch" not in answer["response"]
+            # A TrainJob created with a snapshot the service did not freeze: before denying it,
+            # the snapshot check reads the runtime it names (get), in case the replica that
+            # froze it saw a version this one has not yet.
+            for kind in ("ClusterTrainingRuntime", "TrainingRuntime"):
+                forged = fixture("trainjob-create.validate.json")
+                obj = forged["request"]["object"]
+                obj["spec"]["runtimeRef"]["kind"] = kind
+                obj["metadata"].setdefault("annotations", {})[SNAPSHOT_ANNOTATION] = "{}"
+                with httpx.Client(verify=context, timeout=10) as client:
+                    url = f"https://127.0.0.1:{webhook_port}{SNAPSHOT_GUARD}"
+                    answer = client.post(url, json=forged, extensions={"sni_hostname": HOST})
+                response = answer.json()["response"]
+                assert response["allowed"] is False and response["status"]["code"] == 403
 
             # The `helm test` pods' scripts, against the Service's name.
             env = {"CA_FILE": str(ca_file), "WEBHOOK_URL": f"https://{HOST}:{webhook_port}"}

@@ -222,3 +222,13 @@ def test_the_note_names_each_field_its_gate_and_kinds() -> None:
     assert "(feature gate WorkloadAwarePreemption is off)" in note
     assert "schedulingConstraints from its PodGroup and Workload (feature gate " in note
     assert "its gang is made without them" in note
+
+
+def test_a_field_a_later_server_fills_in_is_not_drift() -> None:
+    """A Kubernetes release that defaults a new PodGroup field must not start a delete/re-create
+    loop: what the service leaves unset is the server's to fill in."""
+    _, want = rendered(V1BETA1)
+    have = copy.deepcopy(want)
+    have["spec"]["aDefaultOfLater"] = {"mode": "x"}
+    drift = pod_group_drift(want, have)
+    assert drift.kind == "none" and drift.dropped == ()

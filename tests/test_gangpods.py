@@ -104,7 +104,7 @@ def test_a_trimmed_pod_keeps_nothing_of_the_pod() -> None:
     big = pod("a")
     big["spec"]["containers"] = [{"name": "x" * 1000}]
     trimmed = GangPods().trim(big)
-    assert set(trimmed) == {"job", "state", "attempt", "untied"} and "x" * 10 not in repr(trimmed)
+    assert set(trimmed) == {"job", "state", "attempt", "group"} and "x" * 10 not in repr(trimmed)
 
 
 def test_a_relabelled_pod_leaves_the_job_it_counted_in() -> None:

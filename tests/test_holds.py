@@ -254,6 +254,14 @@ def test_a_trainjob_frozen_without_a_gang_gets_its_pods_untied(server: RunningSe
     freeze(server.cache, snapshot(None))
     with server.client() as client:
         assert tied_to(answer(client, review())) is None
+        # Its Job's template named a group before the freeze said "no gang" (the Job webhook
+        # does that for a TrainJob not frozen yet): nobody makes it, so it is taken off.
+        doc = review()
+        doc["request"]["object"]["spec"]["schedulingGroup"] = {"podGroupName": "never-made"}
+        response = answer(client, doc)
+        assert response["allowed"] is True
+        ops = orjson.loads(base64.b64decode(response["patch"]))
+        assert ops == [{"op": "remove", "path": "/spec/schedulingGroup"}]
 
 
 def test_a_runtime_without_scheduling_ties_nothing_and_holds_nothing(

@@ -18,13 +18,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import jsonpatch
 import orjson
 import pytest
 
 from tests.builders import rj, runtime, torch_node, trainjob
 from tests.harness import RunningServer, fixture, fixture_cache, frozen, running_server, served
+from tests.test_holds import jobset
 from webhook.admission.handlers import mutate_job_review
 from webhook.admission.review import parse
+from webhook.backends.native import POD_GROUP
 from webhook.core import naming
 from webhook.core.snapshot import SNAPSHOT_ANNOTATION, snapshot
 from webhook.kube.cache import Cache
@@ -75,13 +78,18 @@ def test_a_ganged_trainjobs_job_names_its_podgroup(server: RunningServer) -> Non
     assert ops(response) == [
         {"op": "add", "path": "/spec/template/spec/schedulingGroup",
          "value": {"podGroupName": group}},
+        # Its pods carry the gang label (the pod webhook that holds them selects it).
+        {"op": "add", "path": "/spec/template/metadata/labels/trainjob-scheduling.dev~1gang",
+         "value": "true"},
     ]  # fmt: skip
 
 
 def test_a_restarted_jobsets_job_names_that_attempts_podgroup(server: RunningServer) -> None:
     doc = job_review(**{"jobset.sigs.k8s.io/restart-attempt": "2"})
+    cache = server.cache
+    cache.jobsets.replace([jobset(uid_of(cache), restarts=2)])
     with server.client() as client:
-        (op,) = ops(answer(client, JOB_PATH, doc))
+        op, _ = ops(answer(client, JOB_PATH, doc))
     group = naming.workload_name(NS, NAME, uid_of(server.cache))
     assert op["value"] == {"podGroupName": naming.for_attempt(group, 2)}
 
@@ -90,9 +98,7 @@ def test_the_mutation_is_idempotent_and_a_named_group_is_kept(server: RunningSer
     doc = job_review()
     with server.client() as client:
         patch = ops(answer(client, JOB_PATH, doc))
-        obj = doc["request"]["object"]
-        for op in patch:  # the one `add`, applied
-            obj["spec"]["template"]["spec"]["schedulingGroup"] = op["value"]
+        obj = doc["request"]["object"] = jsonpatch.apply_patch(doc["request"]["object"], patch)
         assert ops(answer(client, JOB_PATH, doc)) == []
         # A template that names another group (someone decided): left as it is.
         obj["spec"]["template"]["spec"]["schedulingGroup"] = {"podGroupName": "theirs"}
@@ -137,7 +143,7 @@ def test_an_unfrozen_trainjobs_job_names_the_group_its_runtime_gives_now(tmp_pat
     cache.trainjobs.replace([raw])
     assert cache.plan_for(NS, NAME).state == "unfrozen"
     with running_server(cache, tmp_path / "certs") as srv, srv.client() as client:
-        (op,) = ops(answer(client, JOB_PATH, job_review()))
+        op, _ = ops(answer(client, JOB_PATH, job_review()))
     assert op["value"] == {"podGroupName": group}
 
 
@@ -160,13 +166,47 @@ def test_level_3_jobs_each_name_their_own_gang() -> None:
     names = set()
     for index in range(3):
         review = parse(orjson.dumps(job_review(**{"jobset.sigs.k8s.io/job-index": str(index)})))
-        (op,) = mutate_job_review(review, cache).patch or []
+        op, _ = mutate_job_review(review, cache).patch or []
         names.add(op["value"]["podGroupName"])
         group = plan.group_for("node", index)
         assert group is not None and op["value"] == {"podGroupName": group.pod_group_name}
     assert len(names) == 3
     untargeted = job_review(**{"jobset.sigs.k8s.io/replicatedjob-name": "eval"})
     assert mutate_job_review(parse(orjson.dumps(untargeted)), cache).patch is None
+
+
+def test_a_suspended_or_foreign_gangs_job_is_left_alone(server: RunningServer) -> None:
+    """A Job made suspended (Kueue queued the TrainJob): the Job controller makes no gang for a
+    Job that was suspended, and the run it will start is not named yet. A TrainJob another
+    controller gangs (Trainer's own): not this service's Jobs."""
+    doc = job_review()
+    doc["request"]["object"]["spec"]["suspend"] = True
+    with server.client() as client:
+        assert ops(answer(client, JOB_PATH, doc)) == []
+        owner = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+                 "name": NAME, "uid": uid_of(server.cache), "controller": True}  # fmt: skip
+        theirs = {"apiVersion": "scheduling.k8s.io/v1beta1", "kind": "PodGroup",
+                  "metadata": {"name": "theirs", "namespace": NS, "uid": "t",
+                               "ownerReferences": [owner]}}  # fmt: skip
+        server.cache.store(POD_GROUP).replace([theirs])
+        assert ops(answer(client, JOB_PATH, job_review())) == []
+
+
+def test_a_deleting_trainjobs_job_names_no_group(server: RunningServer) -> None:
+    """A foreground delete sets the TrainJob's deletionTimestamp, which bumps a custom
+    resource's generation (seen on a real API server): the plan then names a run that is never
+    made. Trainer and JobSet may still make Jobs; they name no group, and their pods are held."""
+    entry = server.cache.trainjobs.get(NS, NAME)
+    assert entry is not None
+    deleting = copy.deepcopy(entry.raw)
+    deleting["metadata"]["deletionTimestamp"] = "2026-12-06T08:00:00Z"
+    deleting["metadata"]["generation"] = 2
+    server.cache.trainjobs.apply("MODIFIED", deleting)
+    with server.client() as client:
+        assert ops(answer(client, JOB_PATH, job_review())) == []
+        pod = fixture("pod-create-by-job-controller.mutate.json")
+        response = client.post(POD_PATH, content=orjson.dumps(pod)).json()["response"]
+    assert response["allowed"] is False and "being deleted" in response["status"]["message"]
 
 
 def test_a_pod_naming_the_job_controllers_group_is_tied_to_its_gang(server: RunningServer) -> None:

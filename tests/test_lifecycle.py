@@ -329,6 +329,30 @@ async def test_a_pod_that_forges_a_restart_attempt_changes_nothing(tmp_path: Pat
         assert not events(s.k, "Deleted")
 
 
+async def test_a_gang_in_use_is_never_deleted_whatever_names_the_plan_moves_to(
+    tmp_path: Path,
+) -> None:
+    """The plan's names move on (a new run: the TrainJob's generation changed, as when a
+    suspend and resume come faster than Trainer suspends the JobSet) while the old run's pods
+    still run: its PodGroup and Workload stay until those pods are gone, then go."""
+    async with cluster(tmp_path) as (s, jobs):
+        uid, first = await a_running_gang(s, jobs)
+        old = first["metadata"]["name"]
+        workload = first["spec"]["workloadRef"]["workloadName"]
+        moved = await patch(s.k, TRAINJOBS, NS, NAME, {"spec": {"x-bump": 1}})
+        run = naming.workload_name(NS, NAME, f"{uid}/run/{moved['metadata']['generation']}")
+        await eventually(lambda: live_pod_group(s.k, run), "the new run's PodGroup made")
+        await asyncio.sleep(0.5)  # passes enough to have deleted the old one, were it going
+        for kind, name in ((POD_GROUPS, old), (WORKLOADS, workload)):
+            still = stored(s.k, kind, name)
+            assert still is not None and not still["metadata"].get("deletionTimestamp"), name
+        for o in [o for (r, _, _), o in list(s.k.objects.items()) if r == PODS]:
+            await delete(s.k, PODS, NS, o.raw["metadata"]["name"])
+        await pods_gone(s.k)
+        await eventually(lambda: stored(s.k, WORKLOADS, workload) is None, "the old run gone")
+        assert pod_group(s.k, old) is None
+
+
 def jobset_of(trainjob_uid: str, restarts: int) -> dict[str, Any]:
     """The TrainJob's JobSet as its watch brings it (trimmed: owner and restart attempt)."""
     owner = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "name": NAME,

@@ -46,7 +46,7 @@ from .test_reconciler import (
 
 SELF = "system:serviceaccount:trainjob-scheduling-system:trainjob-scheduling-webhook"
 TENANT = "system:serviceaccount:team-a:data-scientist"  # the hidden check's `edit` tenant
-PATH = "/validate-trainer-kubeflow-org-v1alpha1-trainjob"
+PATH = "/validate-trainer-kubeflow-org-v1alpha1-trainjob-snapshot"
 
 
 def real_snapshot() -> str:
@@ -347,3 +347,77 @@ async def test_the_gang_built_is_the_runtimes_not_a_tenants(tmp_path: Path) -> N
         suspended["spec"]["suspend"] = True
         assert (await admitted(review_of("UPDATE", suspended, tj)))["allowed"] is True
         await patch(w.k, TRAINJOBS, NS, "my-job", {"spec": {"suspend": False}})
+
+
+# --- across replicas: a snapshot another replica froze from a version this one has not ------
+
+
+def _runtime_of(cache: Any) -> tuple[str, dict[str, Any]]:
+    ref = stored_trainjob()["spec"]["runtimeRef"]
+    entry = cache.cluster_runtimes.get("", ref["name"])
+    assert entry is not None, ref
+    return ref["name"], copy.deepcopy(entry.raw)
+
+
+def _rezoned(raw: dict[str, Any], key: str) -> dict[str, Any]:
+    """The runtime with its gang's required topology moved to `key`: a new version."""
+    raw = copy.deepcopy(raw)
+    raw["spec"]["scheduling"]["schedulingConstraints"] = {"topology": [{"key": key}]}
+    raw["metadata"]["resourceVersion"] = str(int(raw["metadata"]["resourceVersion"]) + 1)
+    return raw
+
+
+def _snapshot_of_raw(raw: dict[str, Any]) -> str:
+    runtime = parse(Runtime, raw)[0]
+    assert runtime is not None and runtime.spec.scheduling is not None
+    return snapshot(runtime)
+
+
+def test_a_snapshot_frozen_by_another_replica_from_a_version_this_one_lacks_passes(
+    tmp_path: Path,
+) -> None:
+    """Replicas' watches see a runtime's change at different moments, and the guard of one may
+    judge a CREATE the mutating webhook of another froze: the snapshot of a version replaced
+    within the last minute passes, one of a version this replica has not seen passes when the
+    API server has that version now (one GET), and a forged one is denied whatever is read."""
+    now = [1000.0]
+    cache = fixture_cache(clock=lambda: now[0])
+    cache.service_username = SELF
+    name, before = _runtime_of(cache)
+    after = _rezoned(before, "kubernetes.io/hostname")
+    live: list[dict[str, Any] | None] = [after]
+    fetched: list[tuple[str, str, str]] = []
+
+    async def fetch(kind: str, namespace: str, runtime: str) -> dict[str, object] | None:
+        fetched.append((kind, namespace, runtime))
+        return live[0]
+
+    cache.runtime_fetch = fetch
+    bare = stored_trainjob()
+    with running_server(cache, tmp_path) as srv, srv.client() as c:
+
+        def created(text: str) -> dict[str, Any]:
+            return send(c, review_of("CREATE", annotated(bare, text)))
+
+        # This replica has the old version; another froze the new one: read, and it matches.
+        assert created(_snapshot_of_raw(after))["allowed"] is True
+        assert fetched == [("ClusterTrainingRuntime", "team-a", name)]
+        # The API server no longer has that version (changed again, or deleted): denied.
+        live[0] = _rezoned(after, "example.com/rack")
+        assert_forbidden(created(_snapshot_of_raw(after)), "set")
+        live[0] = None
+        assert_forbidden(created(_snapshot_of_raw(after)), "set")
+        # A forged one is denied, whatever the runtime is.
+        live[0] = after
+        assert_forbidden(created(forged_snapshot()), "set")
+        # Now this replica's watch brings the change: the old version still passes for a
+        # minute (another replica froze it a moment before), without a read; then it does not.
+        cache.cluster_runtimes.apply("MODIFIED", after)
+        fetched.clear()
+        live[0] = None
+        assert created(_snapshot_of_raw(after))["allowed"] is True
+        assert created(_snapshot_of_raw(before))["allowed"] is True
+        assert fetched == []
+        now[0] += 61
+        assert_forbidden(created(_snapshot_of_raw(before)), "set")
+        assert created(_snapshot_of_raw(after))["allowed"] is True

@@ -22,7 +22,7 @@ from aiohttp import web
 from kubernetes.aio.client import Configuration
 
 from tests.harness import fixture, fixture_cache, free_port
-from webhook.admission.handlers import mutate_pod_review, would_hold
+from webhook.admission.handlers import hold_is_moot, mutate_pod_review, would_hold
 from webhook.admission.review import Review
 from webhook.core.snapshot import SNAPSHOT_ANNOTATION
 from webhook.kube.cache import Cache
@@ -141,6 +141,52 @@ def test_what_is_remembered_is_bounded() -> None:
     clock.now += 61
     asyncio.run(waker.round())
     assert len(waker) == 0  # past keep_for: the Job controller's own retries have them
+
+
+def test_a_hold_that_can_no_longer_end_in_a_tie_is_forgotten_and_namespaces_are_capped() -> None:
+    gone = {"yes": False}
+    waker = JobWaker(
+        None, lambda _: True, WakerSettings(max_per_namespace=2), moot=lambda _: gone["yes"]
+    )
+    waker.held(held_pod("a"))
+    waker.held(held_pod("b"))
+    waker.held(held_pod("c"))  # its namespace has as many as it may
+    other = HeldPod("team-b", "x", NAME, {}, None, "NotFrozen")
+    waker.held(other)  # another namespace's still counts
+    assert len(waker) == 3
+    asyncio.run(waker.round())
+    assert len(waker) == 3  # still held, still remembered
+    gone["yes"] = True  # its TrainJob deleted, say
+    asyncio.run(waker.round())
+    assert len(waker) == 0 and waker.oldest() == 0.0
+
+
+def test_only_a_pod_its_job_owns_is_remembered() -> None:
+    """A bare pod labelled as a Job's would have the waker patch a Job it names: only a pod
+    whose controller reference is a Job is remembered."""
+    cache = fixture_cache()
+    unfrozen(cache)
+    told: list[HeldPod] = []
+    cache.on_hold = told.append
+    review = pod_review()
+    assert review.object is not None
+    review.object["metadata"].pop("ownerReferences")
+    mutate_pod_review(review, cache)
+    assert told == []
+
+
+def test_what_makes_a_hold_moot() -> None:
+    cache = fixture_cache()
+    pod = held_pod()
+    assert not hold_is_moot(pod, cache)
+    gone = HeldPod(NS, JOB, "no-such-trainjob", {}, None, "TrainJobNotCached")
+    assert hold_is_moot(gone, cache)  # the cache has listed: it is not coming
+    entry = cache.trainjobs.get(NS, NAME)
+    assert entry is not None
+    suspended = copy.deepcopy(entry.raw)
+    suspended["spec"]["suspend"] = True
+    cache.trainjobs.replace([suspended])
+    assert hold_is_moot(pod, cache)
 
 
 def pod_review() -> Review:

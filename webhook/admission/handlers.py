@@ -27,6 +27,7 @@ from ..backends.base import (
 from ..backends.native import scheduling_group_of
 from ..core import defaults, kueue, overcommit
 from ..core import errors as fe
+from ..core.defaults import GANG_LABEL
 from ..core.errors import FieldError, Path
 from ..core.fields import parse
 from ..core.layout import is_multi_level
@@ -45,10 +46,11 @@ from ..core.plan import (
     group_for_labels,
 )
 from ..core.snapshot import SNAPSHOT_ANNOTATION, snapshot, snapshot_of
-from ..core.trainer import DEFAULT_SCHEDULER, TrainJob
+from ..core.trainer import DEFAULT_SCHEDULER, Runtime, TrainJob
 from ..core.validation import (
     CheckedRuntime,
     Verdict,
+    check_stored_runtime,
     check_trainjob,
     judge_runtime,
     runtime_layout,
@@ -261,6 +263,10 @@ def frozen_now(obj: Mapping[str, Any], namespace: str, cache: Cache) -> str | No
         return None
     ref = trainjob.spec.runtime_ref
     checked = cache.runtime(trainjob.runtime_kind, namespace or trainjob.namespace, ref.name or "")
+    return _frozen_under(trainjob, checked)
+
+
+def _frozen_under(trainjob: TrainJob, checked: CheckedRuntime | None) -> str | None:
     if checked is None or checked.layout is None or not checked.verdict.allowed:
         return None
     try:
@@ -270,35 +276,48 @@ def frozen_now(obj: Mapping[str, Any], namespace: str, cache: Cache) -> str | No
     return snapshot(checked.runtime)
 
 
-def guard_trainjob_review(review: Review, cache: Cache) -> Decision:
-    """The runtime snapshot's tamper check alone: the chart sends only requests that set,
-    change or remove the snapshot here, with failurePolicy Fail, so a TrainJob's create, label
-    and delete never wait on the service while its snapshot stays unforgeable."""
+def guard_trainjob_review(review: Review, cache: Cache) -> Decision | Awaitable[Decision]:
+    """The runtime snapshot's tamper check: the chart sends only requests that set, change or
+    remove the snapshot here, with failurePolicy Fail, so a TrainJob's create, label and delete
+    never wait on the service while its snapshot stays unforgeable.
+
+    A snapshot set on CREATE is the service's own when it is what the service freezes into that
+    TrainJob (its TrainJob mutating webhook froze it in this very request). The replica that
+    froze it may have seen a version of the runtime this one has not yet, or no longer has: the
+    snapshot of a version replaced within the last minute counts, and one of a version this
+    replica has not seen is compared with the runtime the API server has now (one GET)."""
     if _skips(review):
         return Decision()
-    return _tampered(review, cache) or Decision()
+    obj = review.object if review.operation == "CREATE" else None
+    written = snapshot_of(obj) if obj is not None else None
+    trainjob = parse(TrainJob, obj)[0] if obj is not None and written is not None else None
+    if trainjob is None or runs_elsewhere(trainjob):
+        return guard_snapshot(review, cache.service_username) or Decision()
+    namespace = review.namespace or trainjob.namespace
+    kind, name = trainjob.runtime_kind, trainjob.spec.runtime_ref.name or ""
+    now = _frozen_under(trainjob, cache.runtime(kind, namespace, name))
+    accepted = (*((now,) if now else ()), *cache.earlier_snapshots(kind, namespace, name))
+    denial = guard_snapshot(review, cache.service_username, accepted)
+    fetch = cache.runtime_fetch
+    if denial is None or fetch is None:
+        return denial or Decision()
 
+    async def compared() -> Decision:
+        raw = await fetch(kind, namespace, name)
+        runtime = parse(Runtime, raw)[0] if raw is not None else None
+        if runtime is not None and runtime.spec.scheduling is not None:
+            live = _frozen_under(trainjob, check_stored_runtime(runtime))
+            if live is not None and live == written:
+                return Decision()
+        return denial
 
-def _tampered(review: Review, cache: Cache) -> Decision | None:
-    """A denial when the request writes the snapshot and may not. One set on CREATE is the
-    service's own when it is what the service freezes now (its TrainJob mutating webhook froze
-    it in this very request)."""
-    expected = (
-        frozen_now(review.object, review.namespace, cache)
-        if review.operation == "CREATE" and review.object is not None
-        and snapshot_of(review.object) is not None
-        else None
-    )  # fmt: skip
-    return guard_snapshot(review, cache.service_username, expected)
+    return compared()
 
 
 def validate_trainjob_review(review: Review, cache: Cache) -> Decision:
     if _skips(review):
         return Decision()
-    # First, and whatever else the request holds: the gang is built from the snapshot.
-    tampered = _tampered(review, cache)
-    if tampered is not None:
-        return tampered
+    # (The snapshot's tamper check is its own webhook, `guard_trainjob_review`.)
     assert review.object is not None
     trainjob, errs = parse(TrainJob, review.object)
     if trainjob is None:
@@ -373,8 +392,9 @@ def _gang_verdict(
 
 
 def _runtime_unknowable(trainjob: TrainJob, connected: bool) -> FieldError:
-    # Without a cluster, or before the first list, the cache cannot know the runtime. The chart's
-    # failurePolicy for this webhook is Fail ("no TrainJob goes unchecked"): denied too.
+    # Without a cluster, or before the first list, the cache cannot know the runtime: denied
+    # (while no replica answers at all, the chart's Ignore lets the TrainJob through, and the
+    # reconciler judges it when it first sees it).
     kind = trainjob.runtime_kind
     why = (
         f"the webhook service has not read the {kind}s from the cluster yet; retry shortly"
@@ -457,6 +477,24 @@ def would_hold(pod: HeldPod, cache: Cache) -> bool:
 
 
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"  # the Job controller's, on its pods
+
+
+def hold_is_moot(pod: HeldPod, cache: Cache) -> bool:
+    """Whether no pod of the held Job will come to be tied: its TrainJob is gone (from a cache
+    that has listed), being deleted or suspended, or its restart attempt is over."""
+    lookup = cache.plan_for(pod.namespace, pod.trainjob)
+    if lookup.state == "no-trainjob":
+        return cache.trainjobs.synced
+    if cache.not_running(pod.namespace, pod.trainjob) is not None:
+        return True
+    plan = lookup.plan
+    attempt = attempt_of(pod.labels)
+    if plan is None or attempt is None:
+        return False
+    current = cache.restart_attempt(pod.namespace, pod.trainjob, plan.trainjob_uid)
+    return current is not None and attempt < current
+
+
 # The pod labels that place a pod in its gang: what a held Job's pods are judged again by.
 _PLACING = (JOBSET_NAME, REPLICATED_JOB_NAME, JOB_INDEX, RESTART_ATTEMPT)
 
@@ -476,7 +514,7 @@ def _remembered(
         return decision
 
     def tell(found: Decision) -> Decision:
-        job = _job_of(pod)
+        job = _job_of(pod, owned_only=True)
         if not found.allowed and found.untied and job is not None:
             meta = pod.get("metadata")
             labels = meta.get("labels") if isinstance(meta, dict) else None
@@ -500,8 +538,9 @@ def _remembered(
     return told()
 
 
-def _job_of(pod: dict[str, Any]) -> str | None:
-    """The Job that makes the pod (its controller), which the Job controller creates again."""
+def _job_of(pod: dict[str, Any], owned_only: bool = False) -> str | None:
+    """The Job that makes the pod (its controller), which the Job controller creates again;
+    with `owned_only`, only a controller reference says it (a label is anyone's to write)."""
     meta = pod.get("metadata")
     meta = meta if isinstance(meta, dict) else {}
     refs = meta.get("ownerReferences")
@@ -509,6 +548,8 @@ def _job_of(pod: dict[str, Any]) -> str | None:
         if isinstance(ref, dict) and ref.get("controller") is True and ref.get("kind") == "Job":
             name = ref.get("name")
             return name if isinstance(name, str) else None
+    if owned_only:
+        return None
     labels = meta.get("labels")
     name = labels.get(JOB_NAME_LABEL) if isinstance(labels, dict) else None
     return name if isinstance(name, str) else None
@@ -564,7 +605,8 @@ def _tie(pod: dict[str, Any], labels: dict[str, Any], lookup: PlanLookup, cache:
         if lookup.state == "no-scheduling":
             return Decision()  # not a ganged TrainJob
         if lookup.state == "frozen-no-gang":
-            return Decision(note=f"not tied to a gang: {lookup.detail}", untied="FrozenNoGang")
+            note = f"not tied to a gang: {lookup.detail}"
+            return Decision(patch=_unnamed(pod, cache), note=note, untied="FrozenNoGang")
         if lookup.state == "elsewhere":  # Trainer makes no pods for it here: not its pod
             return Decision(note=f"not tied to a gang: {lookup.detail}")
         return held(_HELD_FOR.get(lookup.state, "Other"), lookup.detail)
@@ -607,7 +649,7 @@ def _tie(pod: dict[str, Any], labels: dict[str, Any], lookup: PlanLookup, cache:
         return held("SchedulerMismatch", why)
     if cache.foreign(backend, plan.trainjob_uid) is not None:
         note = "not tied to a gang: another controller schedules this TrainJob"
-        return Decision(note=note, untied="StoodDown")
+        return Decision(patch=_unnamed(pod, cache), note=note, untied="StoodDown")
     if not expresses(backend, plan):
         return held("GangKindUnavailable", f"the {backend.name} backend cannot express its tree")
     if cache.missing_kind(backend, plan) is not None:
@@ -621,6 +663,22 @@ def _tie(pod: dict[str, Any], labels: dict[str, Any], lookup: PlanLookup, cache:
         note = f"tied to {group.pod_group_name!r} instead of the PodGroup it named, {named!r}"
         return Decision(patch=patch, note=note, regrouped=True)
     return Decision(patch=patch)
+
+
+def _unnamed(pod: dict[str, Any], cache: Cache) -> list[dict[str, Any]] | None:
+    """For a pod that gets no gang of ours: the group its Job's template named (this service's
+    Job webhook, before it knew) taken off, when no object of that name exists (it names a gang
+    nobody makes, and would wait for it for ever); a group that exists (another controller's)
+    stays."""
+    named = scheduling_group_of(pod)
+    if named is None:
+        return None
+    namespace = str((pod.get("metadata") or {}).get("namespace") or "")
+    for backend in cache.backends.backends:
+        for kind in backend.kinds:
+            if cache.kind_served(kind) and cache.store(kind).get(namespace, named) is not None:
+                return None
+    return [{"op": "remove", "path": "/spec/schedulingGroup"}]
 
 
 def _group_blocked(
@@ -675,7 +733,16 @@ def mutate_job_review(review: Review, cache: Cache) -> Decision:
     trainjob = labels.get(JOBSET_NAME)
     if not isinstance(trainjob, str) or scheduling_group_of(job, ("spec", "template")):
         return Decision()  # not a JobSet's Job, or its template names a group already
+    if _at(job, "spec").get("suspend") is True:
+        # Made suspended (Kueue queues the TrainJob): the Job controller never makes a gang of
+        # its own for a Job that was suspended, and the name of the run it will start is not
+        # known yet; its pods are tied when they come.
+        return Decision()
     namespace = _namespace(review, job)
+    if cache.not_running(namespace, trainjob) == "deleting":
+        # Setting a custom resource's deletionTimestamp bumps its generation, so the plan names
+        # a run that is never made; its pods are held (TrainJobDeleting) whatever they name.
+        return Decision()
     plan = _job_plan(cache, namespace, trainjob)
     if plan is None:
         return Decision()  # not a ganged TrainJob's (or not known yet: best effort)
@@ -684,7 +751,13 @@ def mutate_job_review(review: Review, cache: Cache) -> Decision:
     backend = cache.backends.for_plan(plan)
     if group is None or not isinstance(backend, TiesJobs):
         return Decision()  # an untargeted ReplicatedJob, or a backend that ties pods otherwise
-    return Decision(patch=backend.job_patch(job, plan.at_attempt(attempt or 0), group) or None)
+    if cache.foreign(backend, plan.trainjob_uid) is not None:
+        return Decision()  # another controller gangs it: its Jobs are not this service's
+    ops = backend.job_patch(job, plan.at_attempt(attempt or 0), group)
+    # Its pods carry the gang label too (the pod webhook that holds them selects it), also
+    # when its runtime lost it after the TrainJob was frozen with a gang.
+    ops += add_to_map(job, ("spec", "template", "metadata", "labels"), GANG_LABEL, "true")
+    return Decision(patch=ops or None)
 
 
 def _job_plan(cache: Cache, namespace: str, trainjob: str) -> Plan | None:

@@ -7,11 +7,14 @@ there (another gang policy, no topology, other minCount arithmetic, a priority) 
 privileged reconciler build it: a confused deputy. The TrainJob webhook therefore denies any
 request that sets, changes or removes the annotation unless the API server says it comes from
 the service's own identity (`request.userInfo.username`, which the requester cannot choose),
-or it is, on CREATE, exactly the snapshot the service freezes into that TrainJob now: its TrainJob
-mutating webhook freezes the runtime when the TrainJob is created, in the requester's own request.
+or it is, on CREATE, exactly a snapshot the service freezes into that TrainJob: its TrainJob
+mutating webhook freezes the runtime when the TrainJob is created, in the requester's own request
+(which snapshots count is the handler's to say, `admission/handlers.py`).
 """
 
 from __future__ import annotations
+
+from collections.abc import Collection
 
 from ..core.errors import Path
 from ..core.snapshot import SNAPSHOT_ANNOTATION
@@ -43,21 +46,16 @@ def snapshot_change(review: Review) -> str | None:
     return "removed" if new is None else "changed"
 
 
-def guard_snapshot(review: Review, writer: str, expected: str | None = None) -> Decision | None:
+def guard_snapshot(review: Review, writer: str, accepted: Collection[str] = ()) -> Decision | None:
     """A 403 when the request sets, changes or removes the snapshot and its requester is not
     `writer` (the service's own username; empty: no one may), unless it sets on CREATE exactly
-    `expected`, the snapshot the service freezes into that TrainJob now (its mutating webhook
-    froze it in this request; a requester who wrote the same text asked for nothing else).
-    None: nothing to deny."""
+    one of `accepted`, the snapshots the service freezes into that TrainJob (its mutating
+    webhook froze one in this request; a requester who wrote the same text asked for nothing
+    else). None: nothing to deny."""
     change = snapshot_change(review)
     if change is None or (writer and review.username == writer):
         return None
-    if (
-        change == "set"
-        and review.operation == "CREATE"
-        and expected is not None
-        and (_snapshot(review.object) == expected)
-    ):
+    if change == "set" and review.operation == "CREATE" and _snapshot(review.object) in accepted:
         return None
     qualified = f"{review.resource}.{review.group}" if review.group else review.resource
     name = review.object_name

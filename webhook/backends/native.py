@@ -322,8 +322,9 @@ def _fields_drift(
     server's default, which a dropped PodGroup mode reads back as) was dropped by the API
     server, since these fields can only be set at create: a feature gate is off, and recreating
     would drop it again, forever. That is learnt from what the server stored, whatever the field;
-    `GATES` only names the gate. A field the server fills in where `want` leaves it unset is not
-    drift either. Any other difference is."""
+    `GATES` only names the gate. A field `want` leaves unset is the server's to fill in (its
+    defaults, one a later release adds), not drift, unless it is one the service sets and the
+    stored value is not a default. Any other difference is."""
     dropped: list[tuple[str, str]] = []
     for key in sorted((set(want) | set(have)) - _NOT_FIELDS):
         wanted, stored = want.get(key), have.get(key)
@@ -336,7 +337,9 @@ def _fields_drift(
             if not (key == "disruptionMode" and wanted == default_mode):
                 dropped.append((key, GATES.get(key, UNKNOWN_GATE)))
         elif wanted is None and (
-            key in SERVER_FILLED or (key == "disruptionMode" and stored == default_mode)
+            key not in GATES  # a field the service never sets: the server's (a default)
+            or key in SERVER_FILLED
+            or (key == "disruptionMode" and stored == default_mode)
         ):
             continue
         else:

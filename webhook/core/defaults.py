@@ -79,9 +79,12 @@ def _own(parent: dict[str, Any], key: str) -> dict[str, Any]:
 
 def with_gang_labels(runtime: Mapping[str, Any], grouped: frozenset[str]) -> dict[str, Any]:
     """Each ReplicatedJob in `grouped` (those a group of the runtime's plan holds) labelled
-    `GANG_LABEL` on its Job template and its pod template; every other one without it (a
-    runtime that drops spec.scheduling, or a ReplicatedJob that leaves its group, loses it).
-    Shapes that are not objects are left alone."""
+    `GANG_LABEL` on its Job template and its pod template. The label is never taken off: a
+    TrainJob frozen while a ReplicatedJob was in a group keeps its gang after the runtime
+    changes, and its later Jobs and pods (a JobSet restart, a dependent started late) come
+    from the runtime as it is then. A stale label costs only availability while the service is
+    down (those pods wait), never a pod run loose. Shapes that are not objects are left
+    alone."""
     out = dict(runtime)
     rjs = _at(out, "spec", "template", "spec", "replicatedJobs")
     if not isinstance(rjs, list):
@@ -90,11 +93,12 @@ def with_gang_labels(runtime: Mapping[str, Any], grouped: frozenset[str]) -> dic
     for i, rj in enumerate(rjs):
         if not isinstance(rj, dict) or not isinstance(rj.get("template"), dict):
             continue
-        wanted = rj.get("name") in grouped
+        if rj.get("name") not in grouped:
+            continue
         template = rj["template"]
-        job_labelled = _labelled(template, wanted)
+        job_labelled = _labelled(template)
         pod = _at(template, "spec", "template")
-        pod_labelled = _labelled(pod, wanted) if isinstance(pod, dict) else None
+        pod_labelled = _labelled(pod) if isinstance(pod, dict) else None
         if job_labelled is None and pod_labelled is None:
             continue
         template = dict(job_labelled or template)
@@ -109,9 +113,8 @@ def with_gang_labels(runtime: Mapping[str, Any], grouped: frozenset[str]) -> dic
     return out
 
 
-def _labelled(template: dict[str, Any], wanted: bool) -> dict[str, Any] | None:
-    """A copy of a (Job or pod) template with the gang label set (`wanted`) or removed; None
-    when it is so already."""
+def _labelled(template: dict[str, Any]) -> dict[str, Any] | None:
+    """A copy of a (Job or pod) template with the gang label; None when it has it already."""
     meta = template.get("metadata")
     if meta is not None and not isinstance(meta, dict):
         return None
@@ -119,13 +122,9 @@ def _labelled(template: dict[str, Any], wanted: bool) -> dict[str, Any] | None:
     if labels is not None and not isinstance(labels, dict):
         return None
     labels = labels or {}
-    has = labels.get(GANG_LABEL) == GANG_LABEL_VALUE
-    if has == wanted and (wanted or GANG_LABEL not in labels):
+    if labels.get(GANG_LABEL) == GANG_LABEL_VALUE:
         return None
-    if wanted:
-        new_labels = {**labels, GANG_LABEL: GANG_LABEL_VALUE}
-    else:
-        new_labels = {k: v for k, v in labels.items() if k != GANG_LABEL}
+    new_labels = {**labels, GANG_LABEL: GANG_LABEL_VALUE}
     return {**template, "metadata": {**(meta or {}), "labels": new_labels}}
 
 

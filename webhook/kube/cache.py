@@ -7,6 +7,9 @@ cache entry they came from: an update replaces the entry, and with it the memo.
 
 from __future__ import annotations
 
+import functools
+import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -18,14 +21,14 @@ from ..core.kept import finished
 from ..core.lifecycle import MULTIKUEUE
 from ..core.memo import Memo
 from ..core.plan import Plan, PlanningError, build_plan
-from ..core.snapshot import PLAN_VERSION, Frozen, from_text, newer_version, snapshot_of
+from ..core.snapshot import PLAN_VERSION, Frozen, from_text, newer_version, snapshot, snapshot_of
 from ..core.trainer import CLUSTER_RUNTIME_KIND, NAMESPACED_RUNTIME_KIND, Runtime, TrainJob
 from ..core.validation import CheckedRuntime, Verdict, check_stored_runtime
 from .feasibility import Feasibility
 from .gangstore import GangStore
 from .index import OwnerIndex
 from .jobsets import JobSetStore, restart_attempt
-from .lookup import TrainJobLookup
+from .lookup import RuntimeFetch, TrainJobLookup
 from .store import Entry, EventType, Key, Listener, Store, key_of
 from .trainjobstore import TrainJobStore
 from .waker import HeldPod
@@ -61,6 +64,12 @@ class PlanLookup:
     runtime: CheckedRuntime | None = None
 
 
+# A runtime's versions before its current one whose snapshots still count as the service's:
+# a TrainJob another replica froze a moment before this replica's watch brought the change.
+EARLIER_VERSIONS = 4  # per runtime
+EARLIER_RUNTIMES = 1024  # runtimes (the least recently changed forgotten)
+EARLIER_SECONDS = 60.0  # since the version was replaced: a race's length, no more
+
 FINISHED = PlanLookup("finished", detail="the TrainJob has finished: its gang is released")
 
 # Whether a backend's API group/version serves its kinds (discovery says).
@@ -75,8 +84,14 @@ class Cache:
     count as synced, so the webhooks still answer (and say they know nothing).
     """
 
-    def __init__(self, connected: bool, backends: Backends | None = None) -> None:
+    def __init__(
+        self,
+        connected: bool,
+        backends: Backends | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.connected = connected
+        self._clock = clock
         self.backends = backends or default_backends()
         # Each TrainJob as planning reads it; a finished one as a tombstone (`core/kept.py`).
         self.trainjobs: Store = TrainJobStore("trainjobs")
@@ -112,6 +127,18 @@ class Cache:
         # at start): the only requester whose writes of a TrainJob's runtime snapshot are
         # allowed; empty: no one's.
         self.service_username = ""
+        # Snapshots of the versions each runtime had before its current one (a few each): a
+        # TrainJob frozen by another replica a moment before this one saw the runtime change.
+        self._earlier: OrderedDict[tuple[str, str, str], tuple[tuple[str, float], ...]]
+        self._earlier = OrderedDict()
+        for kind, store in (
+            (CLUSTER_RUNTIME_KIND, self.cluster_runtimes),
+            (NAMESPACED_RUNTIME_KIND, self.training_runtimes),
+        ):
+            store.subscribe(functools.partial(self._runtime_changed, kind))
+        # The runtime as the API server has it now (the snapshot guard's one live read, for a
+        # snapshot frozen from a version this replica has not seen); None without a cluster.
+        self.runtime_fetch: RuntimeFetch | None = None
         # Told of each pod the pod webhook holds (the waker, `waker.py`); None: no one is.
         self.on_hold: Callable[[HeldPod], None] | None = None
         if not connected:
@@ -215,6 +242,34 @@ class Cache:
         """A runtime, checked once per version; `kind` as in a TrainJob's runtimeRef."""
         entry = self._runtime_entry(kind, namespace, name)
         return None if entry is None else _checked_runtime(entry)
+
+    def earlier_snapshots(self, kind: str | None, namespace: str, name: str) -> tuple[str, ...]:
+        """The snapshots of the runtime's last few versions before its current one, each
+        replaced within EARLIER_SECONDS: what another replica may have frozen a moment ago."""
+        kind = kind or CLUSTER_RUNTIME_KIND
+        key = (kind, namespace if kind == NAMESPACED_RUNTIME_KIND else "", name)
+        since = self._clock() - EARLIER_SECONDS
+        return tuple(text for text, replaced in self._earlier.get(key, ()) if replaced >= since)
+
+    def _runtime_changed(
+        self, kind: str, event: EventType, old: dict[str, Any] | None, new: Any
+    ) -> None:
+        if event == "ADDED" or old is None:
+            return
+        runtime = parse(Runtime, old)[0]
+        if runtime is None or runtime.spec.scheduling is None:
+            return  # it froze nothing
+        meta = old.get("metadata")
+        meta = meta if isinstance(meta, dict) else {}
+        namespace = str(meta.get("namespace") or "") if kind == NAMESPACED_RUNTIME_KIND else ""
+        key = (kind, namespace, str(meta.get("name") or ""))
+        text = snapshot(runtime)
+        kept = self._earlier.pop(key, ())
+        self._earlier[key] = ((text, self._clock()), *(k for k in kept if k[0] != text))[
+            :EARLIER_VERSIONS
+        ]
+        while len(self._earlier) > EARLIER_RUNTIMES:
+            self._earlier.popitem(last=False)
 
     def not_running(self, namespace: str, name: str) -> str | None:
         """Why the cached TrainJob makes no pods now: "deleting" (a deletionTimestamp),

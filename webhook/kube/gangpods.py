@@ -5,9 +5,10 @@ JobSet restart attempt its present pods belong to and how many of them have no
 
 No pod is kept: each watch event is reduced to its Job (namespace, JobSet, ReplicatedJob, Job
 index, from the labels JobSet puts on every pod), a state (pending, live, succeeded, lost), its
-restart attempt (label) and whether it is untied, then dropped. Per Job: four counts. Per
-TrainJob: present (pending or live) pods by attempt, and untied ones. Per pod, by namespace and
-the hash of its name: its Job, state, attempt and untied flag, as one tuple its Job holds and
+restart attempt (label) and the group it names (none: untied), then dropped. Per Job: four
+counts. Per TrainJob: present (pending or live) pods by attempt, by the group they name (a group
+in use is never deleted), and untied ones. Per pod, by namespace and the hash of its name: its
+Job, state, attempt and group, as one tuple its Job holds and
 shares with its other pods (a later event must know what the pod counted as, and in which Job:
 a pod whose labels are edited leaves it). Work per event is a few dict operations; listeners
 hear (namespace, JobSet name) when a Job's live or succeeded count changed, or the TrainJob's
@@ -45,7 +46,7 @@ class JobPods:
         self.trainjob = trainjob
         self.key = key
         # What each of its pods is remembered as, shared by its pods: no object per pod.
-        self._shapes: dict[tuple[int, int, bool], Counted] = {}
+        self._shapes: dict[tuple[int, int, str | None], Counted] = {}
 
     @property
     def live(self) -> int:
@@ -55,37 +56,50 @@ class JobPods:
     def succeeded(self) -> int:
         return self.counts[SUCCEEDED]
 
-    def shape(self, state: int, attempt: int, untied: bool) -> Counted:
-        key = (state, attempt, untied)
+    def shape(self, state: int, attempt: int, group: str | None) -> Counted:
+        key = (state, attempt, group)
         found = self._shapes.get(key)
         if found is None:
             if len(self._shapes) >= MAX_SHAPES_PER_JOB:
                 self._shapes.clear()  # pods keep theirs; equal ones are made anew
-            found = self._shapes[key] = (self, state, attempt, untied)
+            found = self._shapes[key] = (self, state, attempt, group)
         return found
 
 
-Counted = tuple[JobPods, int, int, bool]  # a pod's Job, state, restart attempt, untied
+# A pod's Job, state, restart attempt, and the group it names (None: untied).
+Counted = tuple[JobPods, int, int, str | None]
 
 
 class Gang:
-    """One TrainJob's Jobs, and its present pods by restart attempt and untied."""
+    """One TrainJob's Jobs, and its present pods by restart attempt, by the group they name,
+    and untied."""
 
-    __slots__ = ("attempts", "jobs", "untied")
+    __slots__ = ("attempts", "groups", "jobs", "untied")
 
     def __init__(self) -> None:
         self.jobs: dict[JobKey, JobPods] = {}
         self.attempts: dict[int, int] = {}  # attempt -> its present pods
+        self.groups: dict[str, int] = {}  # PodGroup named -> its present pods
         self.untied = 0  # present pods without spec.schedulingGroup
 
     def attempt(self) -> int:
         return max(self.attempts, default=0)  # a few keys: a restart's old and new pods
 
     def add(self, counted: Counted, sign: int) -> bool:
-        """Counts a pod in (+1) or out (-1); whether attempt() or untied may have changed."""
-        job, state, attempt, untied = counted
+        """Counts a pod in (+1) or out (-1); whether attempt(), the groups in use or untied may
+        have changed."""
+        job, state, attempt, group = counted
         if state not in PRESENT:
             return False
+        untied = group is None
+        in_use = False  # a group lost its last present pod (what was kept for it may go)
+        if group is not None:
+            left = self.groups.get(group, 0) + sign
+            if left:
+                self.groups[group] = left
+            else:
+                self.groups.pop(group, None)
+            in_use = left == 0
         attempts = self.attempts
         had = attempts.get(attempt, 0)
         if had and had + sign:  # its attempt keeps other pods: the newest is the same
@@ -100,7 +114,7 @@ class Gang:
         if untied:
             self.untied += sign
             job.untied += sign
-        return moved or untied
+        return moved or untied or in_use
 
 
 def state_of(raw: Mapping[str, Any]) -> int:
@@ -128,6 +142,16 @@ def is_untied(raw: Mapping[str, Any]) -> bool:
     """Whether a pod has no `spec.schedulingGroup` (immutable: what it was created with)."""
     spec = raw.get("spec")
     return not (isinstance(spec, dict) and spec.get("schedulingGroup"))
+
+
+def group_of(raw: Mapping[str, Any]) -> str | None:
+    """The PodGroup a pod names in `spec.schedulingGroup` (None: untied; immutable)."""
+    spec = raw.get("spec")
+    held = spec.get("schedulingGroup") if isinstance(spec, dict) else None
+    name = held.get("podGroupName") if isinstance(held, dict) else None
+    if isinstance(name, str) and name:
+        return name
+    return "" if held else None  # a group of another shape: tied, to no name we make
 
 
 def pod_of(raw: Mapping[str, Any]) -> tuple[str, int] | None:
@@ -203,6 +227,11 @@ class GangPods:
         gang = self._gangs.get((namespace, jobset))
         return frozenset(gang.attempts) if gang is not None else frozenset()
 
+    def groups_in_use(self, namespace: str, jobset: str) -> frozenset[str]:
+        """The groups its pending or live pods name: never deleted under them."""
+        gang = self._gangs.get((namespace, jobset))
+        return frozenset(gang.groups) if gang is not None else frozenset()
+
     def untied(
         self, namespace: str, jobset: str, grouped: Callable[[str, int], bool] | None = None
     ) -> int:
@@ -225,7 +254,7 @@ class GangPods:
             "job": found,
             "state": state_of(raw),
             "attempt": attempt_of(raw),
-            "untied": is_untied(raw),
+            "group": group_of(raw),
         }
 
     def replace(self, items: Iterable[dict[str, Any]], namespace: str | None = None) -> None:
@@ -241,7 +270,7 @@ class GangPods:
         for item in items:
             found = item.get("job")
             if found is not None:
-                self._count(found, item["state"], item["attempt"], item["untied"], tell=False)
+                self._count(found, item["state"], item["attempt"], item["group"], tell=False)
                 touched.add(found[0])
         self._listed.add(namespace)
         self.synced = self.watched is None or all(ns in self._listed for ns in self.watched)
@@ -262,16 +291,17 @@ class GangPods:
         found: Found,
         state: int,
         attempt: int,
-        untied: bool | dict[str, Any],
+        group: str | dict[str, Any] | None,
         tell: bool = True,
     ) -> None:
-        """Counts a pod where it is now; `untied` is the flag, or the pod to read it from when it
-        is not remembered yet (schedulingGroup is immutable: read once)."""
+        """Counts a pod where it is now; `group` is the group it names (None: untied), or the pod
+        to read it from when it is not remembered yet (schedulingGroup is immutable: read
+        once)."""
         trainjob, job_key, pod = found
         pods = self._pods_of.setdefault(trainjob[0], {})
         before = pods.get(pod)
         if before is not None:
-            job, was, was_attempt, untied = before
+            job, was, was_attempt, group = before
             if job.trainjob != trainjob or job.key != job_key:
                 self._uncount(trainjob[0], pod)  # its labels were edited: out of its old Job
                 pods = self._pods_of.setdefault(trainjob[0], {})
@@ -282,19 +312,19 @@ class GangPods:
                 moved = gang.add(before, -1)
                 job.counts[was] -= 1
                 job.counts[state] += 1
-                pods[pod] = now = job.shape(state, attempt, untied)
+                pods[pod] = now = job.shape(state, attempt, group)
                 moved = gang.add(now, 1) or moved
                 counted = was != state and (LIVE in (was, state) or SUCCEEDED in (was, state))
                 if tell and (counted or moved):
                     self._tell(trainjob)
                 return
-        flag = untied if isinstance(untied, bool) else is_untied(untied)
+        named = group_of(group) if isinstance(group, dict) else group
         gang = self._gangs.get(trainjob) or self._gangs.setdefault(trainjob, Gang())
         job = gang.jobs.get(job_key) or gang.jobs.setdefault(job_key, JobPods(trainjob, job_key))
         if sum(job.counts) >= MAX_PODS_PER_JOB:
             return
         job.counts[state] += 1
-        pods[pod] = now = job.shape(state, attempt, flag)
+        pods[pod] = now = job.shape(state, attempt, named)
         moved = gang.add(now, 1)
         if tell and (state in (LIVE, SUCCEEDED) or moved):
             self._tell(trainjob)

@@ -76,3 +76,25 @@ def api_ask(api: ApiClient) -> Ask:
         return True
 
     return ask
+
+
+RuntimeFetch = Callable[[str, str, str], Awaitable["dict[str, object] | None"]]
+
+
+def runtime_fetch(api: ApiClient) -> RuntimeFetch:
+    """A runtime as the API server has it now (kind, namespace, name), within TIMEOUT; None
+    when it does not exist or cannot be read: the snapshot guard's one live read, for a snapshot
+    another replica froze from a runtime this one has not seen yet."""
+
+    async def fetch(kind: str, namespace: str, name: str) -> dict[str, object] | None:
+        plural = "trainingruntimes" if kind == "TrainingRuntime" else "clustertrainingruntimes"
+        path = rest.collection(
+            TRAINER_GROUP, "v1alpha1", plural, namespace if kind == "TrainingRuntime" else None
+        )
+        try:
+            found = await rest.get_json(api, f"{path}/{quote(name, safe='')}", timeout=TIMEOUT)
+        except Exception:  # not there, forbidden, slow: the guard denies (it never guesses)
+            return None
+        return found
+
+    return fetch

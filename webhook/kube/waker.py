@@ -10,9 +10,12 @@ second. A replica that starts also wakes, once what it needs is listed, the Jobs
 TrainJobs that lack pods and have lost none (`sweep`): their creations were refused while no
 replica answered, and nobody held them to remember.
 
-Bounded: at most `max_jobs` Jobs remembered (the oldest forgotten first), each for at most
-`keep_for` seconds (then the Job controller's own retries are left to it). The age of the
-oldest hold is a gauge: holds are for faults, and one that lasts is what to alert on.
+Bounded: at most `max_jobs` Jobs remembered (the oldest forgotten first), `max_per_namespace`
+of one namespace, each for at most `keep_for` seconds (then the Job controller's own retries
+are left to it), and `judged_per_round` judged per look, in turn. A hold that can no longer end
+in a tie (`moot`: its TrainJob gone, being deleted or suspended, its restart attempt over) is
+forgotten. The age of the oldest hold is a gauge: holds are for faults, and one that lasts is
+what to alert on.
 """
 
 from __future__ import annotations
@@ -61,6 +64,8 @@ class WakerSettings:
     max_jobs: int = 10_000
     timeout: float = 5.0  # of one wake
     wakes_per_round: int = 64  # bounded work per look; the rest wait for the next
+    judged_per_round: int = 512  # held Jobs judged per look (in turn): the loop stays free
+    max_per_namespace: int = 1_000  # one namespace's pods cannot push out another's holds
     retries: int = 5  # failed wakes of one Job before it is left to the Job controller
 
 
@@ -70,11 +75,16 @@ class JobWaker:
     judge: Callable[[HeldPod], bool]
     """True while a pod of the held Job would still be held."""
     settings: WakerSettings = field(default_factory=WakerSettings)
+    moot: Callable[[HeldPod], bool] = lambda _: False
+    """True when no pod of the held Job will come to be tied (its TrainJob gone, deleted or
+    suspended, or its restart attempt over): forgotten, not woken."""
     on_wake: Callable[[str], None] | None = None  # the hold's reason, per Job woken
     on_round: Callable[[float], None] | None = None  # the oldest hold's age, after each look
     clock: Callable[[], float] = time.monotonic
     wall: Callable[[], float] = time.time
     _held: dict[tuple[str, str], _Held] = field(default_factory=dict)
+    _per_namespace: dict[str, int] = field(default_factory=dict)
+    _turn: int = 0  # where the next look starts judging
     _refused: bool = False  # a wake answered 403 (said once)
 
     def held(self, pod: HeldPod) -> None:
@@ -83,9 +93,23 @@ class JobWaker:
         now = self.clock()
         found = self._held.pop(key, None)
         since = found.since if found is not None else now
+        if found is None:
+            count = self._per_namespace.get(pod.namespace, 0)
+            if count >= self.settings.max_per_namespace:
+                return  # its namespace has as many as it may: the Job controller retries
+            self._per_namespace[pod.namespace] = count + 1
         self._held[key] = _Held(pod, since, now)  # the newest last: the oldest go first
         while len(self._held) > self.settings.max_jobs:
-            del self._held[next(iter(self._held))]
+            self._forget(next(iter(self._held)))
+
+    def _forget(self, key: tuple[str, str]) -> None:
+        if self._held.pop(key, None) is None:
+            return
+        left = self._per_namespace.get(key[0], 1) - 1
+        if left:
+            self._per_namespace[key[0]] = left
+        else:
+            self._per_namespace.pop(key[0], None)
 
     def oldest(self) -> float:
         """Seconds since the oldest hold still remembered began (0 when none)."""
@@ -104,11 +128,23 @@ class JobWaker:
         """One look at every held Job: the ones whose pods would be tied now are woken."""
         now = self.clock()
         due: list[tuple[tuple[str, str], _Held]] = []
-        for key, held in list(self._held.items()):
+        entries = list(self._held.items())
+        if not entries:
+            self._turn = 0
+        start = self._turn % len(entries) if entries else 0
+        turn = entries[start:] + entries[:start]
+        judged = 0
+        for key, held in turn:
+            if judged >= self.settings.judged_per_round:
+                break
+            judged += 1
             if now - held.since > self.settings.keep_for:
-                del self._held[key]  # the Job controller's own retries have it from here
+                self._forget(key)  # the Job controller's own retries have it from here
                 continue
             try:
+                if self.moot(held.pod):
+                    self._forget(key)
+                    continue
                 still = self.judge(held.pod)
             except Exception:  # a judge that fails must not stop the others being woken
                 log.exception("judging a held Job failed", extra=_fields(held.pod))
@@ -117,6 +153,7 @@ class JobWaker:
                 due.append((key, held))
                 if len(due) >= self.settings.wakes_per_round:
                     break
+        self._turn = start + judged
         if due:
             await asyncio.gather(*(self._wake(key, held) for key, held in due))
         if self.on_round is not None:
@@ -125,7 +162,7 @@ class JobWaker:
     async def _wake(self, key: tuple[str, str], held: _Held) -> None:
         pod = held.pod
         if self.api is None:
-            self._held.pop(key, None)
+            self._forget(key)
             return
         stamp = datetime.fromtimestamp(self.wall(), UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         body = {"metadata": {"annotations": {WAKE_ANNOTATION: stamp}}}
@@ -143,7 +180,7 @@ class JobWaker:
                     extra=_fields(pod, error=f"HTTP {err.status}"),
                 )
             if err.status in (403, 404, 422):  # not allowed, gone, or not a Job we can change
-                self._held.pop(key, None)
+                self._forget(key)
                 return
             self._failed(key, held, f"HTTP {err.status}")
             return
@@ -154,7 +191,7 @@ class JobWaker:
             self._failed(key, held, f"{type(err).__name__}: {err}"[:200])
             return
         if self._held.get(key) is held:
-            del self._held[key]
+            self._forget(key)
         if self.on_wake is not None:
             self.on_wake(pod.reason)
         log.info(
@@ -165,7 +202,7 @@ class JobWaker:
     def _failed(self, key: tuple[str, str], held: _Held, error: str) -> None:
         held.failures += 1
         if held.failures >= self.settings.retries:
-            self._held.pop(key, None)
+            self._forget(key)
         log.debug("waking a held Job failed", extra=_fields(held.pod, error=error))
 
 

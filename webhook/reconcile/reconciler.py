@@ -27,6 +27,7 @@ from kubernetes.aio.client.exceptions import ApiException
 from ..backends.base import Context, Drift, GangBackend, Kind, expresses, is_managed
 from ..backends.native import UNKNOWN_GATE
 from ..core.fields import parse
+from ..core.layout import Layout
 from ..core.lifecycle import is_finished, no_gang_reason, runs_elsewhere
 from ..core.ownership import controlled_by, controller_ref, is_trainjob_ref
 from ..core.plan import Plan, PlanningError, build_plan
@@ -305,7 +306,7 @@ class Reconciler:
         attempt = self._attempt(key, trainjob.metadata.uid)
         if attempt is None:
             return WAIT  # the JobSets are not listed yet: which attempt is current is not known
-        in_use = self._attempts_in_use(key, plan, attempt)
+        in_use = self._groups_in_use(key)
         plan = plan.at_attempt(attempt)
         backend = self._backend(key, raw, plan, changes)
         if backend is None:
@@ -444,7 +445,7 @@ class Reconciler:
             plan = build_plan(trainjob, checked)
         except PlanningError:
             plan = None  # said after the snapshot, from the frozen runtime
-        untied = self._untied_pods(key, plan)
+        untied = self._untied_pods(key, plan, checked.layout)
         if untied is None:
             return WAIT  # the pod watch has not listed: whether pods run loose is not known
         if untied:
@@ -506,19 +507,27 @@ class Reconciler:
             return PREDECESSOR_GRACE  # no readable time: as old as the grace
         return self.wall() - when
 
-    def _untied_pods(self, key: Key, plan: Plan | None) -> int | None:
+    def _untied_pods(self, key: Key, plan: Plan | None, layout: Layout | None = None) -> int | None:
         """The TrainJob's pending or running pods without a scheduling group, of the Jobs its
-        plan groups (an untargeted ReplicatedJob's rightly have none); None while the pod watch
-        has not listed. Without a pod watch (a reconciler built without the status writer, in
-        tests) no pods are known."""
+        plan groups (an untargeted ReplicatedJob's rightly have none), or, when it does not
+        plan, its runtime's layout does; None while the pod watch has not listed. Without a pod
+        watch (a reconciler built without the status writer, in tests) no pods are known."""
         pods = self._pods
         if pods is None:
             return 0
         if not pods.synced:
             return None
-        if plan is None:
-            return pods.untied(*key)
-        return pods.untied(*key, lambda rj, index: plan.group_for(rj, index) is not None)
+        if plan is not None:
+            return pods.untied(*key, lambda rj, index: plan.group_for(rj, index) is not None)
+        if layout is not None:
+            groups = layout.groups
+            return pods.untied(
+                *key,
+                lambda rj, index: any(
+                    rj in g.targets and g.job_index in (None, index) for g in groups
+                ),
+            )
+        return pods.untied(*key)
 
     def _has_pods(self, key: Key) -> bool | None:
         """Whether the TrainJob has pods that are pending or running (None: not known yet)."""
@@ -538,18 +547,11 @@ class Reconciler:
         found = self.cache.restart_attempt(*key, uid)
         return 0 if found is None else found
 
-    def _attempts_in_use(self, key: Key, plan: Plan, attempt: int) -> frozenset[str]:
-        """The names of other attempts' PodGroups (and CompositePodGroups) whose pods are still
-        pending or live: never deleted under them (a restart's old pods end in their own
-        time; a pod that forged an attempt makes none of ours go)."""
-        if self._pods is None or plan.plan_version < 2:
-            return frozenset()
-        names: set[str] = set()
-        for other in self._pods.attempts(*key) - {attempt}:
-            earlier = plan.at_attempt(other)
-            names.update(g.pod_group_name for g in earlier.groups)
-            names.update(c.name for c in earlier.composites)
-        return frozenset(names)
+    def _groups_in_use(self, key: Key) -> frozenset[str]:
+        """The groups the TrainJob's pending or live pods name: never deleted under them, of
+        any restart attempt or run (a restart's old pods end in their own time; a suspend and
+        resume that the JobSet never saw leaves the old run's pods running)."""
+        return self._pods.groups_in_use(*key) if self._pods is not None else frozenset()
 
     async def _converge(
         self,
@@ -630,12 +632,23 @@ class Reconciler:
                 stored_uid = _meta(stored).get("uid")
                 if isinstance(stored_uid, str):
                     stored_uids[(kind.kind, name)] = stored_uid
-        for kind in reversed(self.kinds):
+        kept = False  # a group of another attempt or run still in use: its parents stay too
+        for kind in reversed(self.kinds):  # children first
             for stale in self._deepest_first(kind, self.cache.owned(kind, uid)):
                 name = _meta(stale).get("name")
-                if is_managed(stale) and (kind, name) not in wanted and name not in in_use:
-                    await self._delete(trainjob, kind, stale, "no longer in the plan", changes)
+                if not is_managed(stale) or (kind, name) in wanted:
+                    continue
+                if name in in_use or (kept and self._is_parent(kind)):
+                    kept = True
+                    continue
+                await self._delete(trainjob, kind, stale, "no longer in the plan", changes)
         return DONE
+
+    def _is_parent(self, kind: Kind) -> bool:
+        """Whether objects of `kind` hold others (a backend's kinds but its last, the PodGroups
+        pods name)."""
+        backend = self.backends.of_kind(kind)
+        return backend is not None and kind != backend.kinds[-1]
 
     @property
     def kinds(self) -> tuple[Kind, ...]:

@@ -27,7 +27,7 @@ from typing import Any
 import orjson
 from kubernetes.aio.client import ApiClient
 
-from ..admission.handlers import would_hold
+from ..admission.handlers import hold_is_moot, would_hold
 from ..backends.base import GangBackend
 from ..backends.coscheduling import CoschedulingSettings
 from ..backends.kai import KaiSettings
@@ -51,7 +51,7 @@ from ..kube.informer import Informer
 from ..kube.jobsetwatch import watch_jobsets
 from ..kube.lacking import lacking
 from ..kube.leader import LeaderElector, LeaseSettings
-from ..kube.lookup import TrainJobLookup, api_ask
+from ..kube.lookup import TrainJobLookup, api_ask, runtime_fetch
 from ..kube.metered import MeteredApiClient
 from ..kube.waker import JobWaker
 from ..kube.whoami import TIMEOUT as WHOAMI_TIMEOUT
@@ -410,6 +410,7 @@ def background(
     waker = JobWaker(
         api,
         functools.partial(would_hold, cache=cache),
+        moot=functools.partial(hold_is_moot, cache=cache),
         on_wake=lambda reason: metrics.jobs_woken.labels(reason=reason).inc(),
         on_round=metrics.oldest_hold_age.set,
     )
@@ -545,6 +546,7 @@ async def serve(settings: Settings) -> None:
     cache.feasibility.mode = settings.feasibility
     if api is not None:
         cache.trainjob_lookup = TrainJobLookup(api_ask(api))
+        cache.runtime_fetch = runtime_fetch(api)
     cache.service_username = await learn_username(
         settings.service_account, api, uses_pod_token(settings.kubeconfig)
     )

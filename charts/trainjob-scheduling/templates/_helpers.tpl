@@ -240,9 +240,10 @@ serve.watchNamespaces in a Role of each watched namespace (templates/rbac.yaml).
 - apiGroups: [trainer.kubeflow.org]
   resources: [trainjobs]
   verbs: [get, list, watch, patch]
+# get: the snapshot check reads a runtime version its watch has not brought yet.
 - apiGroups: [trainer.kubeflow.org]
   resources: [trainingruntimes]
-  verbs: [list, watch]
+  verbs: [get, list, watch]
 # The GangScheduling condition: server-side apply on the status subresource.
 - apiGroups: [trainer.kubeflow.org]
   resources: [trainjobs/status]
