@@ -7,7 +7,7 @@ SAMPLES := webhook/samples
 CERT_DIR ?= certs
 SERVE_ARGS ?=
 
-.PHONY: setup test lint format typecheck unit docs docs-serve run certs plan bench prometheus image lock stamp release clean
+.PHONY: setup test lint format typecheck unit docs docs-serve run certs plan bench prometheus image lock stamp release clean e2e e2e-matrix
 
 setup: $(VENV)/.installed
 
@@ -65,6 +65,28 @@ plan: setup
 	$(PY) -m webhook plan -f $(SAMPLES)/deepspeed-8-nodes.trainjob.yaml -f $(SAMPLES)/deepspeed-distributed.runtime.yaml
 	$(PY) -m webhook plan -f $(SAMPLES)/torch-rack.trainjob.yaml -f $(SAMPLES)/torch-rack.runtime.yaml
 	$(PY) -m webhook plan -o tree -f $(SAMPLES)/tpu-slices.trainjob.yaml -f $(SAMPLES)/tpu-slices.runtime.yaml
+
+## e2e: the end-to-end suite (tests/e2e) against a real control plane: the cluster of
+## $$KUBECONFIG, else the harness's ($(HARNESS_KUBECONFIG)) when it exists. The service runs
+## outside the cluster (python -m webhook serve --kubeconfig ...) with the chart's webhooks
+## registered for the run (deleted at the end; dead runs' are swept after it). E2E=1: no cluster
+## is a failure, not a skip. E2E_ARGS: more pytest arguments (-k, --junitxml=...).
+HARNESS_KUBECONFIG ?= $(HOME)/harness/kubeconfig
+E2E_KUBECONFIG ?= $(or $(KUBECONFIG),$(wildcard $(HARNESS_KUBECONFIG)))
+E2E_ARGS ?=
+e2e: setup
+	@test -n "$(E2E_KUBECONFIG)" || { echo "error: no cluster: set KUBECONFIG, or start the harness (its kubeconfig: $(HARNESS_KUBECONFIG))" >&2; exit 1; }
+	@echo "e2e against $(E2E_KUBECONFIG)"
+	@E2E=1 E2E_KUBECONFIG='$(E2E_KUBECONFIG)' $(PY) -m pytest tests/e2e -v $(E2E_ARGS); rc=$$?; \
+		E2E_KUBECONFIG='$(E2E_KUBECONFIG)' $(PY) -m tests.e2e.registration; exit $$rc
+
+## e2e-matrix: make e2e on each harness configuration (tools/e2e_matrix.py: default, gates
+## off, WorkloadWithJob, 1.36), the harness put back to the default after; results appended to
+## $(E2E_MATRIX_RESULTS). MATRIX=a,b: only those.
+E2E_MATRIX_RESULTS ?= build/e2e-matrix-results.md
+MATRIX ?= a,b,c,d
+e2e-matrix: setup
+	$(PY) -m tools.e2e_matrix --configs $(MATRIX) --results $(E2E_MATRIX_RESULTS)
 
 ## bench: speed and memory figures (prints numbers; not a test): the planning core, then
 ## concurrent HTTPS reviews against the service and against a bare uvicorn app, the

@@ -1,9 +1,16 @@
-"""A real cluster for the end-to-end tests: whether there is one, and a small client for it.
+"""A real cluster for the end-to-end tests: whether there is one, what it serves, and a small
+client for it.
 
 `connect()` answers fast (one `/version` call with a 3 s timeout, no retries) with either a
-`Cluster` or the reason the tests skip. Everything here uses the official synchronous
-`kubernetes` client; writes are creates, merge patches and deletes (never a PUT of an object read
-earlier, so a resourceVersion conflict cannot happen).
+`Cluster` or the reason the tests skip. Everything here goes through the official synchronous
+`kubernetes` client's transport, as plain JSON (`Cluster.request`): creates, patches (merge,
+strategic merge, JSON Patch) and deletes; never a PUT of an object read earlier, so a
+resourceVersion conflict cannot happen. Watches are read line by line (`Cluster.watch`).
+
+`ServerFacts` is what the tests learn of the server's configuration from the server itself, never
+from the environment: the scheduling.k8s.io version discovery lists, the feature gates the API
+server reports (`kubernetes_feature_enabled` in its /metrics) and the PodGroup fields a server-side
+dry-run create keeps.
 """
 
 from __future__ import annotations
@@ -12,32 +19,32 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
+from urllib.parse import quote, urlencode
 
 import urllib3
 from kubernetes import config as kube_config
-from kubernetes.client import (
-    ApiClient,
-    Configuration,
-    CoreV1Api,
-    CustomObjectsApi,
-    V1Namespace,
-    V1ObjectMeta,
-)
+from kubernetes.client import ApiClient, Configuration, CoreV1Api, CustomObjectsApi
 from kubernetes.client.exceptions import ApiException
 
 Json = dict[str, Any]
 T = TypeVar("T")
 
 TRAINER_GROUP, TRAINER_VERSION = "trainer.kubeflow.org", "v1alpha1"
-SCHEDULING_GROUP, SCHEDULING_VERSION = "scheduling.k8s.io", "v1beta1"
+SCHEDULING_GROUP = "scheduling.k8s.io"
+# The versions of the gang API the service speaks, newest first (1.37: v1beta1; 1.36: v1alpha2).
+SCHEDULING_VERSIONS = ("v1beta1", "v1alpha2")
 EVENTS_GROUP, EVENTS_VERSION = "events.k8s.io", "v1"
+JOBSET_GROUP, JOBSET_VERSION = "jobset.x-k8s.io", "v1alpha2"
 RUNTIME_CRD = f"clustertrainingruntimes.{TRAINER_GROUP}"
 PROBE_TIMEOUT = 3.0  # seconds for the reachability check; a dead address must not hang the run
 REQUEST_TIMEOUT = 30.0
 MERGE_PATCH = "application/merge-patch+json"
+STRATEGIC_PATCH = "application/strategic-merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+APPLY_PATCH = "application/apply-patch+yaml"
 # Errors worth another try while polling: throttling, an API server restarting, a dropped
 # connection. Anything else (403, 422, ...) is a real answer and ends the wait.
 TRANSIENT_STATUSES = frozenset({0, 408, 429, 500, 502, 503, 504})
@@ -70,21 +77,53 @@ def external_service() -> bool:
     return _flag("E2E_EXTERNAL_SERVICE") in ("1", "true", "yes", "on")
 
 
+def keep() -> bool:
+    """E2E_KEEP=1: keep namespaces, runtimes and nodes afterwards (webhooks are never kept)."""
+    return _flag("E2E_KEEP") in ("1", "true", "yes", "on")
+
+
 def timeout() -> float:
     """Seconds each wait may take (E2E_TIMEOUT, default 90)."""
     return float(os.environ.get("E2E_TIMEOUT") or 90)
 
 
 def kubeconfig_path() -> str:
-    """E2E_KUBECONFIG if set, else KUBECONFIG; never ~/.kube/config by default (a developer's
-    everyday cluster is not a test cluster unless named on purpose)."""
-    path = os.environ.get("E2E_KUBECONFIG") or os.environ.get("KUBECONFIG") or ""
+    """E2E_KUBECONFIG; or KUBECONFIG when E2E=1 says the run is meant (`make e2e` sets both).
+    A KUBECONFIG alone, as a developer's shell has it, is not enough: the suite registers
+    webhooks and makes fake nodes, which `make test` must never do to an everyday cluster.
+    ~/.kube/config is never used on its own."""
+    path = os.environ.get("E2E_KUBECONFIG") or ""
+    if not path.strip() and required():
+        path = os.environ.get("KUBECONFIG") or ""
     if not path.strip():
-        raise Skip("no cluster: set E2E_KUBECONFIG (or KUBECONFIG) to a test cluster's kubeconfig")
+        hint = " (KUBECONFIG is set: E2E=1 uses it)" if os.environ.get("KUBECONFIG") else ""
+        raise Skip(
+            "no cluster: set E2E_KUBECONFIG to a test cluster's kubeconfig, or run make e2e" + hint
+        )
     files = [os.path.expanduser(p) for p in path.split(os.pathsep) if p]
     if not any(os.path.isfile(f) for f in files):
         raise Skip(f"no cluster: kubeconfig {path!r} does not exist")
     return path
+
+
+def api_path(
+    group: str,
+    version: str,
+    plural: str,
+    namespace: str | None = None,
+    name: str | None = None,
+    sub: str | None = None,
+) -> str:
+    """The REST path of a collection or an object (`group` "" is the core group)."""
+    base = f"/apis/{group}/{version}" if group else f"/api/{version}"
+    if namespace is not None:
+        base += f"/namespaces/{quote(namespace)}"
+    base += f"/{plural}"
+    if name is not None:
+        base += f"/{quote(name)}"
+    if sub is not None:
+        base += f"/{sub}"
+    return base
 
 
 @dataclass
@@ -95,6 +134,7 @@ class Cluster:
     api: ApiClient
     server: str
     version: str = ""
+    scheduling_version: str = SCHEDULING_VERSIONS[0]  # the newest one discovery lists
     notes: list[str] = field(default_factory=list)  # what was not checked, and why
 
     @property
@@ -109,18 +149,64 @@ class Cluster:
         close: Any = self.api.close  # untyped in the client
         close()
 
-    # --- raw reads ----------------------------------------------------------------------------
+    # --- raw requests -------------------------------------------------------------------------
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        query: dict[str, Any] | None = None,
+        content_type: str | None = None,
+        request_timeout: float | tuple[float, float] = REQUEST_TIMEOUT,
+    ) -> Any:
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = content_type or "application/json"
+        if query:
+            path += "?" + urlencode({k: v for k, v in query.items() if v is not None})
+        request = self.api.param_serialize(
+            method=method,
+            resource_path=path,
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        return self.api.call_api(*request, _request_timeout=request_timeout)
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        query: dict[str, Any] | None = None,
+        content_type: str | None = None,
+        request_timeout: float = REQUEST_TIMEOUT,
+    ) -> Json:
+        """One request; the JSON answer, or ApiException for an HTTP error (as the typed
+        clients raise it, so `err.status` and `err.body` read the same)."""
+        response = self._call(
+            method, path, body, query=query, content_type=content_type,
+            request_timeout=request_timeout,
+        )  # fmt: skip
+        read: Any = response.read  # untyped in the client
+        raw = read()
+        status = int(response.status)
+        if status >= 400:
+            text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+            raise ApiException(status=status, reason=str(response.reason), body=text)
+        try:
+            answer = json.loads(raw) if raw else {}
+        except ValueError:
+            answer = {}
+        return answer if isinstance(answer, dict) else {"items": answer}
 
     def get_path(self, path: str, timeout: float = REQUEST_TIMEOUT) -> tuple[int, Json | None]:
         """GET `path` exactly as written (discovery, /version): the status and the JSON body.
         Raises what the transport raises (refused, timed out, TLS)."""
-        request = self.api.param_serialize(
-            method="GET",
-            resource_path=path,
-            header_params={"Accept": "application/json"},
-            auth_settings=["BearerToken"],
-        )
-        response = self.api.call_api(*request, _request_timeout=timeout)
+        response = self._call("GET", path, request_timeout=timeout)
         read: Any = response.read  # untyped in the client
         raw = read()
         try:
@@ -128,6 +214,46 @@ class Cluster:
         except ValueError:
             body = None
         return int(response.status), body if isinstance(body, dict) else None
+
+    def get_text(self, path: str) -> tuple[int, str]:
+        """GET a non-JSON document (the API server's /metrics)."""
+        response = self._call("GET", path)
+        read: Any = response.read  # untyped in the client
+        raw = read()
+        return int(response.status), raw.decode("utf-8", "replace") if raw else ""
+
+    def watch(
+        self, path: str, resource_version: str, seconds: float, query: dict[str, Any] | None = None
+    ) -> Iterator[Json]:
+        """The events of one watch of `path` from `resource_version`, for at most `seconds`
+        (the server ends it then): each `{"type": ..., "object": ...}` as it arrives."""
+        params = {
+            "watch": "true",
+            "resourceVersion": resource_version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(max(1, int(seconds))),
+            **(query or {}),
+        }
+        response = self._call(
+            "GET", path, query=params, request_timeout=(REQUEST_TIMEOUT, seconds + 30)
+        )
+        inner: Any = response.response  # urllib3's response, not read yet
+        try:
+            if int(response.status) >= 400:
+                raw = inner.data
+                raise ApiException(status=int(response.status), body=raw.decode("utf-8", "replace"))
+            pending = b""
+            for chunk in inner.stream(65536, decode_content=True):
+                pending += chunk
+                while b"\n" in pending:
+                    line, pending = pending.split(b"\n", 1)
+                    if line.strip():
+                        event = json.loads(line)
+                        if isinstance(event, dict):
+                            yield event
+        finally:
+            with contextlib.suppress(Exception):
+                inner.release_conn()
 
     def served(self, group_version: str) -> set[str] | None:
         """The resources discovery lists for `group/version`; None when it is not served."""
@@ -145,91 +271,117 @@ class Cluster:
     ) -> Json | None:
         """The stored object, or None when there is none (404)."""
         try:
-            if namespace is None:
-                obj = self.objects.get_cluster_custom_object(
-                    group, version, plural, name, _request_timeout=REQUEST_TIMEOUT
-                )
-            else:
-                obj = self.objects.get_namespaced_custom_object(
-                    group, version, namespace, plural, name, _request_timeout=REQUEST_TIMEOUT
-                )
+            return self.request("GET", api_path(group, version, plural, namespace, name))
         except ApiException as err:
             if err.status == 404:
                 return None
             raise
-        return _json(obj)
 
-    def list(self, group: str, version: str, plural: str, namespace: str) -> list[Json]:
-        found = self.objects.list_namespaced_custom_object(
-            group, version, namespace, plural, _request_timeout=REQUEST_TIMEOUT
+    def list_objects(
+        self,
+        group: str,
+        version: str,
+        plural: str,
+        namespace: str | None = None,
+        *,
+        labels: str | None = None,
+    ) -> list[Json]:
+        found = self.request(
+            "GET", api_path(group, version, plural, namespace), query={"labelSelector": labels}
         )
-        return [item for item in _json(found).get("items") or [] if isinstance(item, dict)]
+        return [item for item in found.get("items") or [] if isinstance(item, dict)]
 
     def create(
-        self, group: str, version: str, plural: str, body: Json, namespace: str | None = None
+        self,
+        group: str,
+        version: str,
+        plural: str,
+        body: Json,
+        namespace: str | None = None,
+        *,
+        dry_run: bool = False,
     ) -> Json:
         """Creates with fieldValidation=Strict: a field the CRD does not declare is an error
         (400) instead of being pruned without a word."""
-        if namespace is None:
-            obj = self.objects.create_cluster_custom_object(
-                group, version, plural, body,
-                field_validation="Strict", _request_timeout=REQUEST_TIMEOUT,
-            )  # fmt: skip
-        else:
-            obj = self.objects.create_namespaced_custom_object(
-                group, version, namespace, plural, body,
-                field_validation="Strict", _request_timeout=REQUEST_TIMEOUT,
-            )  # fmt: skip
-        return _json(obj)
+        query = {"fieldValidation": "Strict", "dryRun": "All" if dry_run else None}
+        return self.request("POST", api_path(group, version, plural, namespace), body, query=query)
+
+    def patch(
+        self,
+        group: str,
+        version: str,
+        plural: str,
+        namespace: str | None,
+        name: str,
+        patch: Any,
+        *,
+        content_type: str = MERGE_PATCH,
+        sub: str | None = None,
+    ) -> Json:
+        """A patch (merge by default: only the fields in `patch`, whatever the object's
+        resourceVersion is now, so a concurrent status write by a controller cannot conflict)."""
+        path = api_path(group, version, plural, namespace, name, sub)
+        return self.request("PATCH", path, patch, content_type=content_type)
 
     def merge_patch(
         self, group: str, version: str, plural: str, namespace: str, name: str, patch: Json
     ) -> Json:
-        """An RFC 7386 merge patch: touches only the fields in `patch`, whatever the object's
-        resourceVersion is now (so a concurrent status write by a controller cannot conflict)."""
-        obj = self.objects.patch_namespaced_custom_object(
-            group, version, namespace, plural, name, patch,
-            _content_type=MERGE_PATCH, _request_timeout=REQUEST_TIMEOUT,
-        )  # fmt: skip
-        return _json(obj)
+        return self.patch(group, version, plural, namespace, name, patch)
 
     def delete(
-        self, group: str, version: str, plural: str, name: str, namespace: str | None = None
+        self,
+        group: str,
+        version: str,
+        plural: str,
+        name: str,
+        namespace: str | None = None,
+        *,
+        propagation: str = "Background",
+        grace_seconds: int | None = None,
+        uid: str | None = None,
     ) -> bool:
-        """Deletes with background propagation (the garbage collector removes dependents after
-        the owner is gone); False when it was already gone."""
+        """Deletes (background propagation by default: the garbage collector removes dependents
+        after the owner is gone); False when it was already gone."""
+        options: Json = {
+            "apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": propagation,
+        }  # fmt: skip
+        if grace_seconds is not None:
+            options["gracePeriodSeconds"] = grace_seconds
+        if uid is not None:
+            options["preconditions"] = {"uid": uid}
         try:
-            if namespace is None:
-                self.objects.delete_cluster_custom_object(
-                    group, version, plural, name,
-                    propagation_policy="Background", _request_timeout=REQUEST_TIMEOUT,
-                )  # fmt: skip
-            else:
-                self.objects.delete_namespaced_custom_object(
-                    group, version, namespace, plural, name,
-                    propagation_policy="Background", _request_timeout=REQUEST_TIMEOUT,
-                )  # fmt: skip
+            self.request("DELETE", api_path(group, version, plural, namespace, name), options)
         except ApiException as err:
-            if err.status == 404:
+            if err.status in (404, 409) if uid else err.status == 404:
                 return False
             raise
         return True
 
-    def create_namespace(self, name: str, labels: dict[str, str]) -> None:
-        body = V1Namespace(metadata=V1ObjectMeta(name=name, labels=labels))
-        self.core.create_namespace(body, _request_timeout=REQUEST_TIMEOUT)
+    def create_namespace(
+        self, name: str, labels: dict[str, str], annotations: dict[str, str] | None = None
+    ) -> None:
+        meta = {"name": name, "labels": labels, "annotations": annotations or {}}
+        body = {"apiVersion": "v1", "kind": "Namespace", "metadata": meta}
+        self.create("", "v1", "namespaces", body)
 
     def delete_namespace(self, name: str) -> None:
         with contextlib.suppress(ApiException):  # 404: gone already; anything else: best effort
-            self.core.delete_namespace(
-                name, propagation_policy="Background", _request_timeout=REQUEST_TIMEOUT
-            )
+            self.delete("", "v1", "namespaces", name)
 
+    # --- the gang API, in the version discovery lists ---------------------------------------------
 
-def _json(obj: Any) -> Json:
-    """CustomObjectsApi answers with plain JSON (dicts), typed `object` by the client."""
-    assert isinstance(obj, dict), type(obj)
-    return obj
+    def gang(self, plural: str, name: str, namespace: str) -> Json | None:
+        return self.get(SCHEDULING_GROUP, self.scheduling_version, plural, name, namespace)
+
+    def gangs(self, plural: str, namespace: str) -> list[Json]:
+        return self.list_objects(SCHEDULING_GROUP, self.scheduling_version, plural, namespace)
+
+    def whoami(self) -> str:
+        """The username the API server gives this kubeconfig's requests (SelfSubjectReview,
+        what `kubectl auth whoami` asks)."""
+        review = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
+        answer = self.request("POST", "/apis/authentication.k8s.io/v1/selfsubjectreviews", review)
+        return str(answer["status"]["userInfo"]["username"])
 
 
 def connect() -> Cluster:
@@ -260,6 +412,7 @@ def connect() -> Cluster:
         raise Skip(f"no cluster: the API server at {cfg.host} refused the credentials ({status})")
     if status != 200 or body is None:
         raise Skip(f"no cluster: GET {cfg.host}/version answered HTTP {status}")
+    cfg.connection_pool_maxsize = 16  # the watches (threads) and the test share the client
     cluster = Cluster(path, ApiClient(cfg), str(cfg.host))
     cluster.version = str(body.get("gitVersion") or "")
     return cluster
@@ -273,17 +426,24 @@ def _short(err: BaseException) -> str:
 
 
 def check_apis(cluster: Cluster, check_crd: bool) -> None:
-    """Skip unless the cluster can run the scenario: scheduling.k8s.io/v1beta1 served with
-    Workloads and PodGroups, Kubeflow Trainer's resources served, and (unless `check_crd` is
-    false) the ClusterTrainingRuntime CRD declaring spec.scheduling."""
-    scheduling = cluster.served(f"{SCHEDULING_GROUP}/{SCHEDULING_VERSION}")
-    missing = {"workloads", "podgroups"} - (scheduling or set())
-    if missing:
+    """Skip unless the cluster can run the scenario: scheduling.k8s.io Workloads and PodGroups
+    served (v1beta1, else v1alpha2: `cluster.scheduling_version` is set to the newest served),
+    Kubeflow Trainer's resources served, and (unless `check_crd` is false) the
+    ClusterTrainingRuntime CRD declaring spec.scheduling."""
+    seen = []
+    for version in SCHEDULING_VERSIONS:
+        served = cluster.served(f"{SCHEDULING_GROUP}/{version}")
+        seen.append(
+            f"{version}: " + ("not served" if served is None else ", ".join(sorted(served)))
+        )
+        if served is not None and {"workloads", "podgroups"} <= served:
+            cluster.scheduling_version = version
+            break
+    else:
         raise Skip(
-            f"GenericWorkload off: {SCHEDULING_GROUP}/{SCHEDULING_VERSION} "
-            + ("is not served" if scheduling is None else f"lacks {', '.join(sorted(missing))}")
-            + f" on {cluster.server} ({cluster.version}); start kube-apiserver with "
-            "--feature-gates=GenericWorkload=true "
+            f"GenericWorkload off: {SCHEDULING_GROUP} serves no Workloads and PodGroups "
+            f"({'; '.join(seen)}) on {cluster.server} ({cluster.version}); start kube-apiserver "
+            "with --feature-gates=GenericWorkload=true "
             "--runtime-config=scheduling.k8s.io/v1beta1=true"
         )
     trainer = cluster.served(f"{TRAINER_GROUP}/{TRAINER_VERSION}") or set()
@@ -329,6 +489,99 @@ def declares_scheduling(crd: Json, version: str) -> bool:
             return True
         return spec.get("x-kubernetes-preserve-unknown-fields") is True
     return False
+
+
+# --- what the server is configured with -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ServerFacts:
+    """The server's configuration as the server shows it."""
+
+    scheduling_version: str  # the newest scheduling.k8s.io version serving Workloads/PodGroups
+    gates: dict[str, bool]  # the API server's feature gates (its /metrics); empty if unreadable
+    # PodGroup spec fields a server-side dry-run create dropped (their gate is off), with None
+    # when the probe could not run
+    dropped_fields: frozenset[str] | None
+    trainer_stack: bool  # the namespace label the harness's Trainer/JobSet webhooks need
+
+    def gate(self, name: str) -> bool | None:
+        return self.gates.get(name)
+
+    @property
+    def topology(self) -> bool:
+        """Whether PodGroups keep schedulingConstraints (TopologyAwareWorkloadScheduling)."""
+        return (
+            self.dropped_fields is not None and "schedulingConstraints" not in self.dropped_fields
+        )
+
+    def describe(self) -> str:
+        on = sorted(g for g, v in self.gates.items() if v and _gang_gate(g))
+        off = sorted(g for g, v in self.gates.items() if not v and _gang_gate(g))
+        dropped = "unknown" if self.dropped_fields is None else sorted(self.dropped_fields)
+        return (
+            f"scheduling.k8s.io/{self.scheduling_version}; gates on: {', '.join(on) or '-'}; "
+            f"off: {', '.join(off) or '-'}; PodGroup fields dropped: {dropped}"
+        )
+
+
+def _gang_gate(name: str) -> bool:
+    return any(
+        word in name
+        for word in ("Workload", "Gang", "PodGroup", "Topology", "WorkloadWithJob", "DRA")
+    )
+
+
+def feature_gates(cluster: Cluster) -> dict[str, bool]:
+    """The API server's feature gates, from `kubernetes_feature_enabled{name, stage}` in its
+    /metrics (readable by cluster-admin); empty when the server does not show them."""
+    try:
+        status, text = cluster.get_text("/metrics")
+    except Exception:
+        return {}
+    if status != 200:
+        return {}
+    gates: dict[str, bool] = {}
+    for line in text.splitlines():
+        if not line.startswith("kubernetes_feature_enabled{"):
+            continue
+        labels, _, value = line.rpartition("}")
+        name = labels.split('name="', 1)[-1].split('"', 1)[0]
+        with contextlib.suppress(ValueError):
+            gates[name] = float(value.strip()) == 1.0
+    return gates
+
+
+def probe_dropped_fields(
+    cluster: Cluster, namespace: str, priority_class: str | None = None
+) -> frozenset[str] | None:
+    """The gated PodGroup spec fields the server drops: a server-side dry-run create (nothing is
+    stored; the server drops a disabled gate's fields as on a real create) of a standalone
+    PodGroup setting each (`priorityClassName` too when a PriorityClass is named), compared with
+    what comes back; None when the server refused the probe."""
+    version = cluster.scheduling_version
+    spec: Json = {
+        "schedulingPolicy": {"gang": {"minCount": 2}},
+        "schedulingConstraints": {"topology": [{"key": "topology.kubernetes.io/zone"}]},
+        # 1.37 (v1beta1): a union; 1.36 (v1alpha2): the string enum Pod | PodGroup
+        "disruptionMode": {"all": {}} if version == "v1beta1" else "PodGroup",
+    }
+    if priority_class:
+        spec["priorityClassName"] = priority_class
+    pod_group = {
+        "apiVersion": f"{SCHEDULING_GROUP}/{version}", "kind": "PodGroup",
+        "metadata": {"name": "e2e-field-probe", "namespace": namespace}, "spec": spec,
+    }  # fmt: skip
+    try:
+        kept = cluster.create(
+            SCHEDULING_GROUP, version, "podgroups", pod_group, namespace, dry_run=True
+        )
+    except ApiException as err:
+        cluster.notes.append(f"PodGroup field probe refused: {err.status} {str(err.body)[:300]}")
+        return None
+    stored = kept.get("spec") or {}
+    # Dropped: absent, or back at the server's default (an unset disruptionMode is single).
+    return frozenset(key for key in spec if stored.get(key) != spec[key])
 
 
 # --- waiting ------------------------------------------------------------------------------------

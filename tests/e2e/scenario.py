@@ -1,137 +1,154 @@
-"""The end-to-end scenario's moving parts: the service under test (a `python -m webhook serve`
-subprocess, or one deployed in the cluster) and the reads and waits the tests are written in."""
+"""The end-to-end scenario's moving parts, as the tests are written in them: one test module's
+namespace, the service, the server's facts, the pod recorder; fake nodes, runtimes, TrainJobs
+and their pods; the reads and the waits (every wait polls with a generous deadline, E2E_TIMEOUT,
+and fails with what it saw last and the service's log)."""
 
 from __future__ import annotations
 
 import contextlib
+import datetime
+import itertools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TypeVar
 
-from tests.harness import ServerProcess, make_certs, server_process
-from webhook.core.plan import Plan
+from kubernetes.client.exceptions import ApiException
+
+from webhook.core.condition import CONDITION_TYPE
+from webhook.core.fields import parse
+from webhook.core.plan import Plan, build_plan
+from webhook.core.snapshot import from_annotations
+from webhook.core.trainer import TrainJob
 
 from .cluster import (
     EVENTS_GROUP,
     EVENTS_VERSION,
-    SCHEDULING_GROUP,
-    SCHEDULING_VERSION,
+    JOBSET_GROUP,
+    JOBSET_VERSION,
+    STRATEGIC_PATCH,
     TRAINER_GROUP,
     TRAINER_VERSION,
     Cluster,
     Json,
     NotYet,
+    ServerFacts,
+    keep,
     poll,
     timeout,
 )
+from .objects import (
+    CREATED_BY,
+    IMAGE,
+    fake_node,
+    min_count,
+    node_status,
+    plan_for,
+    planned_pod_group,
+)
+from .recorder import JOBSET_NAME, JOBSET_UID, PodRecord, PodRecorder
+from .registration import OWNER_ANNOTATION, RUN_LABEL, owner
+from .service import Service, total
 
 T = TypeVar("T")
-LOG_LINES = 40  # of the service's log, shown when a wait fails
-
-
-class Service:
-    """The service under test, as far as the tests can see it."""
-
-    def describe(self) -> str:
-        return ""
-
-    def check_running(self) -> None:
-        """Fails the test at once when the service has died (rather than at a deadline)."""
-
-
-class ExternalService(Service):
-    def describe(self) -> str:
-        return (
-            "(the service is deployed in the cluster, E2E_EXTERNAL_SERVICE=1: see its pod's log; "
-            "it must watch this namespace)"
-        )
+UNTIED_METRIC = "trainjob_scheduling_pods_untied_total"
 
 
 @dataclass
-class LocalService(Service):
-    """`python -m webhook serve` in a subprocess, reconciling the test namespace only. No
-    webhook configuration is registered with the API server, so only the reconciler is tested."""
+class Run:
+    """One run of the suite: its id (in every name and label it makes) and the namespace of
+    each test module (known at the start: the service watches exactly these)."""
 
-    process: ServerProcess
+    id: str
+    namespaces: dict[str, str]  # module name -> namespace
+    fake_nodes: set[str] = field(default_factory=set)
+    node_numbers: itertools.count[int] = field(default_factory=itertools.count)
 
-    def log_tail(self, lines: int = LOG_LINES) -> str:
-        try:
-            text = self.process.log_file.read_text(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.rstrip("\n").split("\n")[-lines:])
-
-    def describe(self) -> str:
-        return f"service log ({self.process.log_file}), last lines:\n{self.log_tail()}"
-
-    def check_running(self) -> None:
-        code = self.process.process.poll()
-        if code is not None:
-            raise AssertionError(f"the service exited with code {code}\n{self.describe()}")
+    @property
+    def labels(self) -> dict[str, str]:
+        return {**CREATED_BY, RUN_LABEL: self.id}
 
 
-@contextlib.contextmanager
-def local_service(workdir: Path, kubeconfig: str, namespace: str) -> Iterator[LocalService]:
-    """Starts the service with dev certificates and free ports (tests.harness), pointed at the
-    cluster, leader election and metrics authentication off, watching `namespace` only (so it
-    never touches other TrainJobs on a shared cluster)."""
-    cert_dir = workdir / "certs"
-    cert_dir.mkdir(parents=True, exist_ok=True)
-    make_certs(cert_dir)
-    args = [
-        "--kubeconfig", kubeconfig,
-        "--namespace", namespace,
-        "--watch-namespaces", namespace,
-        "--metrics-auth=false",
-        "--leader-elect=false",
-    ]  # fmt: skip
-    try:
-        with server_process(cert_dir, *args) as process:
-            yield LocalService(process)
-    except TimeoutError as err:  # /readyz never turned 200: show why
-        logs = sorted(workdir.glob("serve-*.log"))
-        text = logs[-1].read_text(errors="replace") if logs else "(no log)"
-        tail = "\n".join(text.rstrip("\n").split("\n")[-LOG_LINES:])
-        raise AssertionError(f"the service did not become ready: {err}\n{tail}") from None
+@dataclass
+class Pool:
+    """A test's own fake nodes (label and taint `POOL_KEY=<name>`)."""
+
+    scenario: Scenario
+    name: str
+    nodes: list[str] = field(default_factory=list)
+
+    def add(self, count: int, cpu: int = 4, labels: dict[str, str] | None = None) -> list[str]:
+        made = [self.scenario.make_node(self.name, cpu, labels) for _ in range(count)]
+        self.nodes += made
+        return made
 
 
 @dataclass
 class Scenario:
-    """The test namespace, the ClusterTrainingRuntime (as stored) and the service."""
+    """One test module's world."""
 
     cluster: Cluster
     namespace: str
-    runtime: Json
     service: Service
-    trainjobs: list[str] = field(default_factory=list)
+    facts: ServerFacts
+    run: Run
+    recorder: PodRecorder
+    plans: dict[str, list[Plan]] = field(default_factory=dict)  # by TrainJob uid: each run's
+    names: dict[str, list[str]] = field(default_factory=dict)  # TrainJob name -> its uids
+    nodes: list[str] = field(default_factory=list)
+    cluster_runtimes: list[str] = field(default_factory=list)
+    untied_at_start: float = 0.0
+    pools: itertools.count[int] = field(default_factory=itertools.count)
 
-    # --- reads --------------------------------------------------------------------------------
+    # --- nodes --------------------------------------------------------------------------------
 
-    def trainjob(self, name: str) -> Json | None:
-        return self.cluster.get(TRAINER_GROUP, TRAINER_VERSION, "trainjobs", name, self.namespace)
+    def pool(self) -> Pool:
+        return Pool(self, f"{self.namespace}-{next(self.pools)}")
 
-    def workload(self, name: str) -> Json | None:
-        return self.cluster.get(
-            SCHEDULING_GROUP, SCHEDULING_VERSION, "workloads", name, self.namespace
+    def make_node(self, pool: str, cpu: int, labels: dict[str, str] | None = None) -> str:
+        name = f"e2e-{self.run.id}-{next(self.run.node_numbers)}"
+        body = fake_node(
+            name, pool, {**(labels or {}), RUN_LABEL: self.run.id}, {OWNER_ANNOTATION: owner()}
+        )
+        self.run.fake_nodes.add(name)
+        self.nodes.append(name)
+        self.cluster.create("", "v1", "nodes", body)
+        self.cluster.patch("", "v1", "nodes", None, name, node_status(cpu), sub="status")
+        return name
+
+    def delete_nodes(self) -> None:
+        for name in self.nodes:
+            with contextlib.suppress(ApiException):
+                self.cluster.delete("", "v1", "nodes", name)
+
+    # --- runtimes and TrainJobs ----------------------------------------------------------------
+
+    def apply_runtime(self, body: Json) -> Json:
+        """Creates a TrainingRuntime (in this namespace) or a ClusterTrainingRuntime (labelled
+        with the run, deleted at the end): as the API server stored it."""
+        meta = body["metadata"]
+        meta["labels"] = {**(meta.get("labels") or {}), **self.run.labels}
+        if body["kind"] == "ClusterTrainingRuntime":
+            self.cluster_runtimes.append(meta["name"])
+            return self.cluster.create(TRAINER_GROUP, TRAINER_VERSION, "clustertrainingruntimes",
+                                       body)  # fmt: skip
+        meta["namespace"] = self.namespace
+        return self.cluster.create(
+            TRAINER_GROUP, TRAINER_VERSION, "trainingruntimes", body, self.namespace
         )
 
-    def pod_group(self, name: str) -> Json | None:
-        return self.cluster.get(
-            SCHEDULING_GROUP, SCHEDULING_VERSION, "podgroups", name, self.namespace
-        )
-
-    def events(self) -> list[Json]:
-        return self.cluster.list(EVENTS_GROUP, EVENTS_VERSION, "events", self.namespace)
-
-    # --- writes -------------------------------------------------------------------------------
+    def delete_cluster_runtimes(self) -> None:
+        for name in self.cluster_runtimes:
+            with contextlib.suppress(ApiException):
+                self.cluster.delete(TRAINER_GROUP, TRAINER_VERSION, "clustertrainingruntimes", name)
 
     def create_trainjob(self, body: Json) -> Json:
-        self.trainjobs.append(body["metadata"]["name"])
         return self.cluster.create(
             TRAINER_GROUP, TRAINER_VERSION, "trainjobs", body, self.namespace
         )
+
+    def trainjob(self, name: str) -> Json | None:
+        return self.cluster.get(TRAINER_GROUP, TRAINER_VERSION, "trainjobs", name, self.namespace)
 
     def set_suspend(self, name: str, suspend: bool) -> Json:
         """`spec.suspend` by merge patch, as `kubectl patch --type=merge` (Kueue does the same)."""
@@ -140,27 +157,65 @@ class Scenario:
             {"spec": {"suspend": suspend}},
         )  # fmt: skip
 
-    def delete_trainjob(self, name: str) -> bool:
+    def delete_trainjob(self, name: str, propagation: str = "Background") -> bool:
         return self.cluster.delete(
-            TRAINER_GROUP, TRAINER_VERSION, "trainjobs", name, self.namespace
-        )
+            TRAINER_GROUP, TRAINER_VERSION, "trainjobs", name, self.namespace,
+            propagation=propagation,
+        )  # fmt: skip
 
-    # --- waiting ------------------------------------------------------------------------------
+    def jobset(self, name: str) -> Json | None:
+        return self.cluster.get(JOBSET_GROUP, JOBSET_VERSION, "jobsets", name, self.namespace)
 
-    def wait(self, check: Callable[[], T | None], what: str, seconds: float | None = None) -> T:
-        def checked() -> T | None:
-            self.service.check_running()
-            return check()
+    def jobs(self, trainjob: str | None = None) -> list[Json]:
+        labels = f"{JOBSET_NAME}={trainjob}" if trainjob else None
+        return self.cluster.list_objects("batch", "v1", "jobs", self.namespace, labels=labels)
 
-        return poll(checked, what, timeout() if seconds is None else seconds,
-                    describe=self.service.describe)  # fmt: skip
+    # --- the gang -----------------------------------------------------------------------------
 
-    def converged(
-        self, name: str, plan: Plan, *, not_uids: frozenset[str] = frozenset()
-    ) -> tuple[Json, Json, list[Json]]:
-        """Waits until the TrainJob's Workload and every PodGroup of `plan` exist, live (no
-        deletionTimestamp), with the planned minCount, and none has a uid in `not_uids` (the
-        objects of before a suspend may linger while they are being deleted)."""
+    def workload(self, name: str) -> Json | None:
+        return self.cluster.gang("workloads", name, self.namespace)
+
+    def pod_group(self, name: str) -> Json | None:
+        return self.cluster.gang("podgroups", name, self.namespace)
+
+    def frozen_plan(self, name: str) -> Plan:
+        """Waits for the service to freeze the runtime into the TrainJob; the plan of that
+        snapshot for the TrainJob as it is now (the service's plan: its version's names; from
+        plan version 3 they carry the run, the generation, once past 1), remembered by the
+        TrainJob's uid so that its pods can be judged after it is gone. Call it again after a
+        resume: the run has a plan of its own."""
+
+        def frozen() -> tuple[Json, Plan]:
+            stored = self.trainjob(name)
+            if stored is None:
+                raise NotYet(f"no TrainJob {name}")
+            snapshot = from_annotations(stored["metadata"].get("annotations"))
+            if snapshot is None:
+                raise NotYet("no runtime snapshot yet")
+            assert snapshot.runtime is not None, f"{name} was frozen without a gang"
+            job, errors = parse(TrainJob, stored)
+            assert job is not None, errors
+            plan = build_plan(job, snapshot.runtime, snapshot.version)
+            assert plan is not None, "the frozen runtime has no spec.scheduling"
+            return stored, plan
+
+        stored, plan = self.wait(frozen, f"the service freezes the runtime into TrainJob {name}")
+        uid = str(stored["metadata"]["uid"])
+        runs = self.plans.setdefault(uid, [])
+        if plan not in runs:
+            runs.append(plan)
+        uids = self.names.setdefault(name, [])
+        if uid not in uids:
+            uids.append(uid)
+        return plan
+
+    def plan_of_runtime(self, trainjob_obj: Json, runtime_obj: Json) -> Plan:
+        return plan_for(trainjob_obj, runtime_obj)
+
+    def gang_objects(self, plan: Plan, *, not_uids: frozenset[str] = frozenset()) -> list[Json]:
+        """Waits until the Workload and every PodGroup of `plan` exist, live (no
+        deletionTimestamp), with the planned minCount, none with a uid in `not_uids`: the
+        Workload, then the PodGroups in the plan's order."""
 
         def live(obj: Json | None, what: str) -> Json:
             if obj is None:
@@ -172,22 +227,199 @@ class Scenario:
                 raise NotYet(f"{what} is still the old object (uid {meta['uid']})")
             return obj
 
-        def check() -> tuple[Json, Json, list[Json]]:
-            trainjob = self.trainjob(name)
-            if trainjob is None:
-                raise NotYet(f"no TrainJob {name}")
-            workload = live(self.workload(plan.workload_name), f"Workload {plan.workload_name}")
-            groups = []
+        def check() -> list[Json]:
+            found = [live(self.workload(plan.workload_name), f"Workload {plan.workload_name}")]
             for group in plan.groups:
                 what = f"PodGroup {group.pod_group_name}"
                 pod_group = live(self.pod_group(group.pod_group_name), what)
-                gang = pod_group["spec"].get("schedulingPolicy", {}).get("gang") or {}
-                if gang.get("minCount") != group.min_count:
-                    raise NotYet(f"{what} has gang {gang}, not minCount {group.min_count}")
-                groups.append(pod_group)
-            return trainjob, workload, groups
+                if min_count(pod_group["spec"]) != group.min_count:
+                    raise NotYet(f"{what}: minCount {min_count(pod_group['spec'])}, "
+                                 f"not {group.min_count}")  # fmt: skip
+                found.append(pod_group)
+            return found
 
-        return self.wait(check, f"TrainJob {self.namespace}/{name}: its Workload and PodGroups")
+        return self.wait(check, f"{self.namespace}/{plan.trainjob_name}: Workload and PodGroups")
+
+    # --- pods ---------------------------------------------------------------------------------
+
+    def pods(self, trainjob: str) -> list[Json]:
+        """The TrainJob's pods now (not being deleted)."""
+        pods = self.cluster.list_objects(
+            "", "v1", "pods", self.namespace, labels=f"{JOBSET_NAME}={trainjob}"
+        )
+        return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+
+    def wait_bound(
+        self,
+        trainjob: str,
+        count: int,
+        *,
+        where: Callable[[Json], bool] = lambda pod: True,
+        seconds: float | None = None,
+    ) -> list[Json]:
+        """Waits until exactly `count` live pods of the TrainJob (those `where` accepts) exist
+        and every one is bound to a node; returns them."""
+
+        def check() -> list[Json]:
+            pods = [p for p in self.pods(trainjob) if where(p)]
+            bound = [p for p in pods if p["spec"].get("nodeName")]
+            if len(pods) != count or len(bound) != count:
+                raise NotYet(f"{len(pods)} pods, {len(bound)} bound, of {count}: "
+                             + describe_pods(pods))  # fmt: skip
+            return pods
+
+        return self.wait(check, f"{count} pods of {trainjob} bound", seconds)
+
+    def unbound_for(self, trainjob: str, seconds: float, expect: int | None = None) -> list[Json]:
+        """Checks for `seconds` that no pod of the TrainJob gets bound; the pods at the end
+        (`expect` of them, when given, all created by then)."""
+        deadline = time.monotonic() + seconds
+        pods: list[Json] = []
+        while time.monotonic() < deadline:
+            self.service.check_running()
+            pods = self.pods(trainjob)
+            bound = [p["metadata"]["name"] for p in pods if p["spec"].get("nodeName")]
+            assert not bound, f"bound while the gang should not fit: {describe_pods(pods)}"
+            time.sleep(1)
+        if expect is not None:
+            assert len(pods) == expect, describe_pods(pods)
+        return pods
+
+    def set_pod_status(self, pods: Iterable[Json], state: str) -> None:
+        """Plays the kubelet of a fake node: `Ready` (Running and ready), `Succeeded` or
+        `Failed`, through pods/status."""
+        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        for pod in pods:
+            container = pod["spec"]["containers"][0]["name"]
+            ready = "True" if state == "Ready" else "False"
+            base = {"name": container, "image": IMAGE, "imageID": "", "restartCount": 0,
+                    "ready": state == "Ready", "started": state == "Ready"}  # fmt: skip
+            status: Json
+            if state == "Ready":
+                phase, status = "Running", {"running": {"startedAt": now}}
+            else:
+                code = 0 if state == "Succeeded" else 1
+                reason = "Completed" if code == 0 else "Error"
+                phase = state
+                status = {"terminated": {"exitCode": code, "reason": reason,
+                                         "startedAt": now, "finishedAt": now}}  # fmt: skip
+            patch = {"status": {
+                "phase": phase,
+                "conditions": [
+                    {"type": "Initialized", "status": "True", "lastTransitionTime": now},
+                    {"type": "ContainersReady", "status": ready, "lastTransitionTime": now},
+                    {"type": "Ready", "status": ready, "lastTransitionTime": now},
+                ],
+                "containerStatuses": [{**base, "state": status}],
+                "startTime": now,
+            }}  # fmt: skip
+            self.cluster.patch(
+                "", "v1", "pods", self.namespace, pod["metadata"]["name"], patch,
+                content_type=STRATEGIC_PATCH, sub="status",
+            )  # fmt: skip
+
+    # --- what the service says ------------------------------------------------------------------
+
+    def condition(self, name: str) -> Json | None:
+        stored = self.trainjob(name) or {}
+        for condition in (stored.get("status") or {}).get("conditions") or []:
+            if condition.get("type") == CONDITION_TYPE:
+                return dict(condition)
+        return None
+
+    def wait_condition(
+        self, name: str, status: str, reason: str | None = None, seconds: float | None = None
+    ) -> Json:
+        def check() -> Json:
+            found = self.condition(name)
+            if (
+                found is None
+                or found.get("status") != status
+                or (reason is not None and found.get("reason") != reason)
+            ):
+                raise NotYet(f"condition {found}")
+            return found
+
+        want = f"{status}/{reason}" if reason else status
+        return self.wait(check, f"TrainJob {name}: {CONDITION_TYPE}={want}", seconds)
+
+    def events(self, regarding_uid: str | None = None, reason: str | None = None) -> list[Json]:
+        found = self.cluster.list_objects(EVENTS_GROUP, EVENTS_VERSION, "events", self.namespace)
+        return [
+            e for e in found
+            if (regarding_uid is None or (e.get("regarding") or {}).get("uid") == regarding_uid)
+            and (reason is None or e.get("reason") == reason)
+        ]  # fmt: skip
+
+    def untied_count(self) -> float:
+        samples = self.service.metrics()
+        assert samples is not None and any(name == UNTIED_METRIC for name, _ in samples), (
+            f"the service's /metrics has no {UNTIED_METRIC}"
+        )
+        return total(samples, UNTIED_METRIC)
+
+    # --- the invariant --------------------------------------------------------------------------
+
+    def assert_tied(self, *trainjobs: str) -> None:
+        """Every pod of these TrainJobs that the API server ever admitted named its planned
+        PodGroup (of its TrainJob's incarnation and its JobSet restart attempt), and none of an
+        untargeted ReplicatedJob named one; and the service counted no pod admitted untied
+        since the module started."""
+        problems = []
+        seen = 0
+        for name in trainjobs:
+            for record in self.recorder.of(name):
+                seen += 1
+                wanted = self._planned(name, record)
+                if wanted is _UNKNOWN:
+                    problems.append(f"{record.name}: no known plan of its TrainJob (uid) "
+                                    f"{record.labels.get(JOBSET_UID)}")  # fmt: skip
+                elif record.pod_group != wanted:
+                    where = f"bound to {record.node}" if record.node else "never bound"
+                    problems.append(
+                        f"{record.name} (of Job {record.owner}, created {record.created}, "
+                        f"{where}, {record.phase}) names {record.pod_group!r}, planned "
+                        f"{wanted!r} (runs planned: {self._runs(name)})"
+                    )
+        assert seen, f"no pod of {trainjobs} was ever seen"
+        assert not problems, "pods not tied to their planned PodGroup:\n" + "\n".join(problems)
+        if self.service.local:
+            untied = self.untied_count() - self.untied_at_start
+            assert untied == 0, f"{UNTIED_METRIC} grew by {untied} in this module"
+
+    def _runs(self, name: str) -> list[str]:
+        return [
+            f"uid {p.trainjob_uid} groups {[g.pod_group_name for g in p.groups]}"
+            for u in self.names.get(name, [])
+            for p in self.plans.get(u, [])
+        ]
+
+    def _planned(self, name: str, record: PodRecord) -> str | object | None:
+        """The PodGroup the pod must name: its TrainJob incarnation's (by the JobSet's owner),
+        of any run of it the test planned (a pod does not carry its run), at its attempt."""
+        uid = self.recorder.jobset_owner.get(record.labels.get(JOBSET_UID, ""))
+        uids = [uid] if uid in self.plans else self.names.get(name, [])
+        answers = {
+            planned_pod_group(plan, record.labels) for u in uids for plan in self.plans.get(u, [])
+        }
+        if record.pod_group in answers:
+            return record.pod_group
+        if len(answers) == 1:
+            return answers.pop()
+        return _UNKNOWN if not answers else sorted(map(str, answers))
+
+    # --- waiting ------------------------------------------------------------------------------
+
+    def describe(self) -> str:
+        return self.service.describe()
+
+    def wait(self, check: Callable[[], T | None], what: str, seconds: float | None = None) -> T:
+        def checked() -> T | None:
+            self.service.check_running()
+            return check()
+
+        return poll(checked, what, timeout() if seconds is None else seconds,
+                    describe=self.describe)  # fmt: skip
 
     def gone(self, plan: Plan, why: str, seconds: float | None = None, stable: float = 3.0) -> None:
         """Waits until the Workload and PodGroups of `plan` are gone or being deleted (a
@@ -218,3 +450,71 @@ class Scenario:
             return True
 
         self.wait(check, f"the Workload and PodGroups removed: {why}", seconds)
+
+    def cleanup(self) -> None:
+        """The module's namespace deleted (with everything in it), its pods waited for (the
+        recorder force-deletes those of fake nodes), then its fake nodes and cluster-scoped
+        runtimes deleted. E2E_KEEP=1 keeps everything but the webhooks."""
+        if keep():
+            return
+        self.cluster.delete_namespace(self.namespace)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if not self.cluster.list_objects("", "v1", "pods", self.namespace):
+                    break
+            except Exception:
+                pass
+            time.sleep(1)
+        self.delete_nodes()
+        self.delete_cluster_runtimes()
+
+
+_UNKNOWN = object()
+
+
+def describe_pods(pods: Iterable[Json]) -> str:
+    """One line per pod: name, PodGroup, node, phase, deletion."""
+    lines = []
+    for pod in pods:
+        meta, spec = pod["metadata"], pod.get("spec") or {}
+        group = (spec.get("schedulingGroup") or {}).get("podGroupName")
+        lines.append(
+            f"{meta['name']} group={group} node={spec.get('nodeName')} "
+            f"phase={(pod.get('status') or {}).get('phase')}"
+            + (" deleting" if meta.get("deletionTimestamp") else "")
+        )
+    return "[" + "; ".join(lines) + "]"
+
+
+def objects_dump(scenario: Scenario) -> str:
+    """The namespace's TrainJobs (their GangScheduling condition), gang objects and pods, one
+    line each (a failed test's report ends with it)."""
+    lines = []
+    cluster, namespace = scenario.cluster, scenario.namespace
+    for tj in cluster.list_objects(TRAINER_GROUP, TRAINER_VERSION, "trainjobs", namespace):
+        meta = tj["metadata"]
+        conditions = {
+            c.get("type"): f"{c.get('status')}/{c.get('reason')}: {c.get('message')}"
+            for c in (tj.get("status") or {}).get("conditions") or []
+        }
+        lines.append(
+            f"TrainJob {meta['name']} uid={meta['uid']} generation={meta.get('generation')} "
+            f"suspend={tj['spec'].get('suspend')} deleting={bool(meta.get('deletionTimestamp'))} "
+            f"conditions={conditions}"
+        )
+    for plural in ("workloads", "podgroups"):
+        for obj in cluster.gangs(plural, namespace):
+            meta, spec = obj["metadata"], obj.get("spec") or {}
+            status = [
+                f"{c.get('type')}={c.get('status')}/{c.get('reason')}"
+                for c in (obj.get("status") or {}).get("conditions") or []
+            ]
+            lines.append(
+                f"{obj['kind']} {meta['name']} uid={meta['uid']} "
+                f"deleting={bool(meta.get('deletionTimestamp'))} "
+                f"minCount={min_count(spec) if plural == 'podgroups' else '-'} {status}"
+            )
+    pods = cluster.list_objects("", "v1", "pods", namespace)
+    lines.append(f"pods: {describe_pods(pods)}")
+    return "\n".join(lines)

@@ -1,41 +1,12 @@
-"""End to end against a real kube-apiserver: a TrainJob on a gang-scheduling runtime gets its
-Workload and PodGroup, loses them on suspend, gets new ones on resume, and the garbage collector
-removes them when the TrainJob is deleted.
+"""End to end against a real kube-apiserver, the reconciler's side: a TrainJob on a level-1
+runtime (zone topology, `disruptionMode: all`) whose pods can land on no node gets its Workload
+and PodGroup (names from the planner, owner references, controllerRef, the template reference,
+minCount, the runtime snapshot, `Created` Events, no churn), loses them on suspend, gets new
+ones on resume, and the garbage collector removes them when the TrainJob is deleted.
 
-Runs only when a cluster is named (tests/e2e/README.md has the whole story):
-
-* `E2E_KUBECONFIG`, else `KUBECONFIG`: the kubeconfig (its current context); neither set: skip.
-  `~/.kube/config` is never picked up on its own.
-* `E2E=0` skips even then; `E2E=1` turns every skip (no cluster, GenericWorkload off, no
-  Trainer CRDs) into a failure, for a CI job that must run these.
-* `E2E_EXTERNAL_SERVICE=1`: the service is already deployed in the cluster (watching all
-  namespaces, or the `wasched-e2e-*` ones); the tests only observe it.
-* `E2E_TIMEOUT` (seconds, default 90) bounds each wait; `E2E_KEEP=1` keeps the namespace and the
-  ClusterTrainingRuntime for a look afterwards; `E2E_SKIP_CRD_CHECK=1` skips reading the runtime
-  CRD (for API servers without apiextensions, such as the test emulator).
-
-Without `E2E_EXTERNAL_SERVICE`, the tests start `python -m webhook serve --kubeconfig <it>
---namespace <test ns> --watch-namespaces <test ns> --metrics-auth=false --leader-elect=false`
-with development certificates on free ports. No ValidatingWebhookConfiguration or
-MutatingWebhookConfiguration is created, so the API server never calls its webhooks: this
-exercises the reconciler (and the objects the API server accepts from it) only, not admission
-and not pod `schedulingGroup` injection.
-
-What the cluster needs: Kubernetes 1.37 with the `GenericWorkload` feature gate on and
-`--runtime-config=scheduling.k8s.io/v1beta1=true` (else skip: "GenericWorkload off"), the Kubeflow
-Trainer v2.4 CRDs whose runtimes declare `spec.scheduling` (tests/e2e/crds/; else skip).
-`TopologyAwareWorkloadScheduling` is optional: without it the API server drops
-`schedulingConstraints` and the topology test is an expected failure. The Trainer controller is
-optional: nothing here depends on JobSets or pods (if it runs, its pods stay Pending on a
-nodeSelector no node has). Its own workload-aware scheduling (gate
-`TrainJobWorkloadAwareScheduling`) must be off, and no other copy of this service may reconcile
-the test namespace.
-
-RBAC of the kubeconfig's user (cluster-admin is simplest): create/delete namespaces; get/create/
-delete clustertrainingruntimes; get customresourcedefinitions; in the test namespace get/list/
-watch/create/patch/delete trainjobs, workloads and podgroups, create/patch/list events
-(events.k8s.io) and update trainjobs/finalizers (blockOwnerDeletion under
-OwnerReferencesPermissionEnforcement); list/watch of the Trainer resources the service watches.
+The service runs with the chart's webhooks registered (conftest.py), so the runtime and the
+TrainJob also went through its admission; the gang objects are read in the scheduling.k8s.io
+version discovery lists (v1beta1 on 1.37, v1alpha2 on 1.36).
 """
 
 from __future__ import annotations
@@ -55,7 +26,18 @@ from webhook.core.trainer import TrainJob
 from webhook.reconcile.reconciler import CONTROLLER
 
 from .cluster import Json, NotYet, timeout
-from .objects import NUM_NODES, ZONE, controller_of, plan_for, trainjob, trainjob_owner
+from .objects import (
+    NUM_NODES,
+    ZONE,
+    cluster_runtime,
+    controller_of,
+    disruption,
+    min_count,
+    plan_for,
+    template_ref,
+    trainjob,
+    trainjob_owner,
+)
 from .scenario import Scenario
 
 pytestmark = pytest.mark.e2e
@@ -78,22 +60,39 @@ def uid(obj: Json) -> str:
 
 
 @pytest.fixture(scope="module")
-def gang(scenario: Scenario) -> Iterator[Gang]:
+def runtime(scenario: Scenario) -> Json:
+    """The module's level-1 ClusterTrainingRuntime, as the API server stored it (admitted by the
+    service's runtime webhooks)."""
+    return scenario.apply_runtime(cluster_runtime(scenario.namespace))
+
+
+@pytest.fixture(scope="module")
+def gang(scenario: Scenario, runtime: Json) -> Iterator[Gang]:
     """TrainJob `gang` (numNodes 4) created, and its Workload and PodGroup there."""
-    created = scenario.create_trainjob(trainjob("gang", scenario.namespace, _runtime(scenario)))
-    plan = plan_for(created, scenario.runtime)
+    created = scenario.create_trainjob(trainjob("gang", scenario.namespace, _name(runtime)))
+    plan = plan_for(created, runtime)
     assert len(plan.groups) == 1, plan  # level 1: one gang of every pod
-    stored, workload, [pod_group] = scenario.converged("gang", plan)
+    assert scenario.frozen_plan("gang") == plan
+    workload, pod_group = scenario.gang_objects(plan)
+    stored = scenario.trainjob("gang")
+    assert stored is not None
     yield Gang(stored, plan, workload, pod_group)
     with contextlib.suppress(ApiException):  # best effort: the namespace goes at the end anyway
         scenario.delete_trainjob("gang")
 
 
-def _runtime(scenario: Scenario) -> str:
-    return str(scenario.runtime["metadata"]["name"])
+def _name(obj: Json) -> str:
+    return str(obj["metadata"]["name"])
 
 
-def test_the_workload_is_controlled_by_the_trainjob(gang: Gang) -> None:
+def test_the_runtime_was_stored_with_its_scheduling(runtime: Json) -> None:
+    assert runtime["spec"].get("scheduling"), (
+        "the API server pruned spec.scheduling: the ClusterTrainingRuntime CRD does not declare "
+        "it (install tests/e2e/crds/)"
+    )
+
+
+def test_the_workload_is_controlled_by_the_trainjob(scenario: Scenario, gang: Gang) -> None:
     wl, tj, plan = gang.workload, gang.trainjob, gang.plan
     assert wl["metadata"]["name"] == plan.workload_name
     assert wl["metadata"]["ownerReferences"] == [trainjob_owner(tj)]
@@ -104,10 +103,13 @@ def test_the_workload_is_controlled_by_the_trainjob(gang: Gang) -> None:
     [template] = wl["spec"]["podGroupTemplates"]
     assert template["name"] == plan.groups[0].template_name
     assert template["schedulingPolicy"] == {"gang": {"minCount": NUM_NODES}}
-    assert template.get("disruptionMode") == {"all": {}}
+    if "disruptionMode" not in (scenario.facts.dropped_fields or ()):  # WorkloadAwarePreemption
+        assert disruption(template) == "all"
 
 
-def test_the_pod_group_belongs_to_the_workload_with_min_count(gang: Gang) -> None:
+def test_the_pod_group_belongs_to_the_workload_with_min_count(
+    scenario: Scenario, gang: Gang
+) -> None:
     pg, wl, group = gang.pod_group, gang.workload, gang.plan.groups[0]
     assert pg["metadata"]["name"] == group.pod_group_name
     assert controller_of(pg) == trainjob_owner(gang.trainjob)
@@ -118,24 +120,22 @@ def test_the_pod_group_belongs_to_the_workload_with_min_count(gang: Gang) -> Non
             wl["metadata"]["name"],
             uid(wl),
         )
-    assert pg["spec"]["workloadRef"] == {
-        "workloadName": gang.plan.workload_name, "templateName": group.template_name,
-    }  # fmt: skip
+    assert template_ref(pg) == (gang.plan.workload_name, group.template_name)
     assert pg["spec"]["schedulingPolicy"] == {"gang": {"minCount": NUM_NODES}}
     assert group.min_count == NUM_NODES
-    assert pg["spec"].get("disruptionMode") == {"all": {}}
+    if "disruptionMode" not in (scenario.facts.dropped_fields or ()):  # WorkloadAwarePreemption
+        assert disruption(pg["spec"]) == "all"
 
 
-def test_the_zone_topology_constraint_is_kept(gang: Gang) -> None:
+def test_the_zone_topology_constraint_is_kept(scenario: Scenario, gang: Gang) -> None:
     """Needs TopologyAwareWorkloadScheduling on the API server; without it the server drops
     `schedulingConstraints` from both objects, which is a cluster setting, not a bug here."""
     wanted = {"topology": [{"key": ZONE}]}
     template = gang.workload["spec"]["podGroupTemplates"][0]
-    kept = [obj for obj in (template, gang.pod_group["spec"]) if "schedulingConstraints" in obj]
-    if not kept:
-        pytest.xfail(
-            "TopologyAwareWorkloadScheduling is off: the API server dropped "
-            "schedulingConstraints from the Workload and the PodGroup"
+    if not scenario.facts.topology:
+        pytest.skip(
+            "TopologyAwareWorkloadScheduling is off: the API server drops schedulingConstraints "
+            "from Workloads and PodGroups (test_gates.py covers that configuration)"
         )
     assert template.get("schedulingConstraints") == wanted
     assert gang.pod_group["spec"].get("schedulingConstraints") == wanted
@@ -182,13 +182,32 @@ def test_a_converged_gang_is_left_alone(scenario: Scenario, gang: Gang) -> None:
     pod_group = scenario.pod_group(gang.plan.groups[0].pod_group_name)
     assert workload is not None and uid(workload) == uid(gang.workload)
     assert pod_group is not None and uid(pod_group) == uid(gang.pod_group)
-    assert pod_group["spec"]["schedulingPolicy"] == {"gang": {"minCount": NUM_NODES}}
+    assert min_count(pod_group["spec"]) == NUM_NODES
 
 
-def test_suspend_removes_resume_recreates_delete_collects(scenario: Scenario) -> None:
-    created = scenario.create_trainjob(trainjob("cycle", scenario.namespace, _runtime(scenario)))
-    plan = plan_for(created, scenario.runtime)
-    trainjob_obj, workload, pod_groups = scenario.converged("cycle", plan)
+def test_pods_that_can_land_nowhere_are_tied_and_wait(scenario: Scenario, gang: Gang) -> None:
+    """Trainer, JobSet and the Job controller make the 4 pods; each names the PodGroup (the pod
+    webhook), and none binds (no node matches their nodeSelector)."""
+
+    def created() -> list[Json]:
+        pods = scenario.pods("gang")
+        if len(pods) != NUM_NODES:
+            raise NotYet(f"{len(pods)} pods")
+        return pods
+
+    pods = scenario.wait(created, "the 4 pods of TrainJob gang")
+    assert not [p for p in pods if p["spec"].get("nodeName")]
+    scenario.assert_tied("gang")
+
+
+def test_suspend_removes_resume_recreates_delete_collects(
+    scenario: Scenario, runtime: Json
+) -> None:
+    created = scenario.create_trainjob(trainjob("cycle", scenario.namespace, _name(runtime)))
+    plan = plan_for(created, runtime)
+    workload, *pod_groups = scenario.gang_objects(plan)
+    trainjob_obj = scenario.trainjob("cycle")
+    assert trainjob_obj is not None
     old = frozenset([uid(workload), *(uid(pg) for pg in pod_groups)])
 
     # Suspend: the TrainJob stays, so only the service can have deleted them.
@@ -198,8 +217,10 @@ def test_suspend_removes_resume_recreates_delete_collects(scenario: Scenario) ->
 
     # Resume: new objects (new uids), once the old ones have really gone.
     scenario.set_suspend("cycle", False)
-    again, workload, pod_groups = scenario.converged("cycle", plan, not_uids=old)
-    assert uid(again) == uid(trainjob_obj)  # the same TrainJob
+    plan = scenario.frozen_plan("cycle")  # the resumed run's names (plan version 3: its own)
+    workload, *pod_groups = scenario.gang_objects(plan, not_uids=old)
+    again = scenario.trainjob("cycle")
+    assert again is not None and uid(again) == uid(trainjob_obj)  # the same TrainJob
     owner = trainjob_owner(trainjob_obj)
     assert workload["metadata"]["ownerReferences"] == [owner]
     assert all(controller_of(pg) == owner for pg in pod_groups)
