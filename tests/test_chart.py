@@ -1086,8 +1086,8 @@ def _promtool(rules: list[Json], tmp_path: Path) -> None:
 
 def test_the_untied_and_held_alerts_fire_when_they_should(tmp_path: Path) -> None:
     """`promtool test rules` over the rendered rules: PodsUntied after 10 minutes of the gauge
-    above 0; PodsHeld while pods keep being held for 15 minutes (retries with backoff a few
-    minutes apart included), not for a hold that stopped."""
+    above 0; PodsHeld when the oldest hold a replica remembers is over 5 minutes old for 5
+    minutes, never for short holds however often they happen."""
     promtool = shutil.which("promtool")
     if promtool is None:
         if os.environ.get("REQUIRE_PROMETHEUS") == "1":
@@ -1105,7 +1105,7 @@ def test_the_untied_and_held_alerts_fire_when_they_should(tmp_path: Path) -> Non
                                     "runbook_url": annotations["runbook_url"]}}  # fmt: skip
 
     untied = "1 TrainJobs with a gang have pods without its schedulingGroup."
-    held = "TrainJob pods have been held for 15 minutes (NotFrozen)."
+    held = "A TrainJob Job's pods have been held for over 5 minutes."
     test = {
         "rule_files": ["rules.yaml"],
         "evaluation_interval": "1m",
@@ -1114,22 +1114,23 @@ def test_the_untied_and_held_alerts_fire_when_they_should(tmp_path: Path) -> Non
             "input_series": [
                 {"series": f"trainjob_scheduling_gangs_with_untied_pods{{{sel}}}",
                  "values": "0 0 1x40"},
-                # Held every 4 minutes (the Job controller's backoff), for an hour.
-                {"series": f'trainjob_scheduling_pods_held_total{{{sel}, reason="NotFrozen"}}',
-                 "values": "0 " + " ".join(str(1 + m // 4) for m in range(60))},
-                # Held for 3 minutes, then tied: no alert.
-                {"series": f'trainjob_scheduling_pods_held_total{{{sel}, reason="Other"}}',
-                 "values": "0 1 2 3x60"},
+                # One replica: a hold that keeps going from minute 2 (its age grows 60 s a minute).
+                {"series": f'trainjob_scheduling_oldest_hold_age_seconds{{{sel}, pod="a"}}',
+                 "values": "0 0 0+60x40"},
+                # Another replica: holds that end within 3 minutes, over and over: never alerts.
+                {"series": f'trainjob_scheduling_oldest_hold_age_seconds{{{sel}, pod="b"}}',
+                 "values": " ".join(str(60 * (m % 4)) for m in range(42))},
             ],
             "alert_rule_test": [
                 {"eval_time": "10m", "alertname": "TrainJobSchedulingPodsUntied",
                  "exp_alerts": []},
                 {"eval_time": "13m", "alertname": "TrainJobSchedulingPodsUntied",
                  "exp_alerts": [fired("TrainJobSchedulingPodsUntied", untied)]},
+                # Age above 300 s from minute 8, for 5 minutes: fires at 13, not at 10.
                 {"eval_time": "10m", "alertname": "TrainJobSchedulingPodsHeld",
                  "exp_alerts": []},
-                {"eval_time": "40m", "alertname": "TrainJobSchedulingPodsHeld",
-                 "exp_alerts": [fired("TrainJobSchedulingPodsHeld", held, reason="NotFrozen")]},
+                {"eval_time": "14m", "alertname": "TrainJobSchedulingPodsHeld",
+                 "exp_alerts": [fired("TrainJobSchedulingPodsHeld", held)]},
             ],
         }],
     }  # fmt: skip

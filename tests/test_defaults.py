@@ -16,7 +16,7 @@ from webhook.admission.handlers import mutate_pod_review
 from webhook.admission.review import Decision, Review
 from webhook.backends.native import POD_GROUP, WORKLOAD, match_group, with_min_counts
 from webhook.backends.native import scheduling_group_op as pod_group_op
-from webhook.core.defaults import with_default_policies
+from webhook.core.defaults import with_default_policies, with_gang_labels
 from webhook.core.ownership import controlling_trainjob
 from webhook.core.plan import Plan, build_plan
 from webhook.kube.cache import Cache
@@ -285,3 +285,12 @@ def test_pod_group_lacking_min_count() -> None:
     assert with_min_counts(POD_GROUP, by_template, plan)[0]["spec"]["schedulingPolicy"] == {
         "gang": {"minCount": 6}
     }
+
+
+@pytest.mark.parametrize("name", [{"a": {"a": 1}}, ["node"], None, 7])
+def test_gang_labels_leave_a_replicated_job_with_no_string_name_alone(name: Any) -> None:
+    """A name that is not a string (a hostile review's) is no group's: left as it was, never a
+    crash (a dict is not hashable)."""
+    rj = {"name": name, "template": {"spec": {"template": {"spec": {}}}}}
+    runtime = {"spec": {"template": {"spec": {"replicatedJobs": [rj]}}}}
+    assert with_gang_labels(runtime, frozenset({"node"})) == runtime

@@ -93,7 +93,8 @@ def with_gang_labels(runtime: Mapping[str, Any], grouped: frozenset[str]) -> dic
     for i, rj in enumerate(rjs):
         if not isinstance(rj, dict) or not isinstance(rj.get("template"), dict):
             continue
-        if rj.get("name") not in grouped:
+        name = rj.get("name")
+        if not isinstance(name, str) or name not in grouped:
             continue
         template = rj["template"]
         job_labelled = _labelled(template)
