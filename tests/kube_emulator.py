@@ -21,7 +21,9 @@ Reads:
 Writes (refusals carry the API server's `Status`: code, reason, message, details):
 
 * create stamps `uid`, `creationTimestamp` and `generation: 1` and sets the URL's namespace;
-  a live name is 409 `AlreadyExists`; a body with a resourceVersion is 400;
+  a live name is 409 `AlreadyExists`; a body with a resourceVersion is 400; with `dryRun=All`
+  it is checked and answered as it would be stored, and nothing is stored (no version, no
+  event);
 * PUT replaces the whole object; 404 if it is missing; a custom resource's (TrainJob's) PUT
   must carry a resourceVersion (422 otherwise: no unconditional update);
 * PATCH by Content-Type: `merge-patch+json` (RFC 7386), `json-patch+json` (RFC 6902; a failed
@@ -109,13 +111,13 @@ shared/reference/crds gives the list types), as `tests/apiserver_apply.py` compu
 * a status write is checked against the CRD's status schema and list-map keys (conditions: at
   most 8, reason pattern, required fields, unique types): 422 `Invalid`, a cause per field.
 
-Not emulated: field selectors on other fields, dry runs, a foreground delete's dependents
-deleted in the foreground in turn (here in the background), a PodGroup's status subresource,
-the protection controller adding its finalizer back to a live PodGroup a client stripped it
-from, any controller that sets pod labels (JobSet's `jobset.sigs.k8s.io/restart-attempt`:
-tests write them), managedFields on kinds without a CRD here, apply that creates, the schema
-of fields other than a custom resource's status (and the pruning of unknown fields), and the
-`ancient-changes` bucket for update managers past ten.
+Not emulated: field selectors on other fields, dry runs of other writes, a foreground
+delete's dependents deleted in the foreground in turn (here in the background), a PodGroup's
+status subresource, the protection controller adding its finalizer back to a live PodGroup a
+client stripped it from, any controller that sets pod labels (JobSet's
+`jobset.sigs.k8s.io/restart-attempt`: tests write them), managedFields on kinds without a CRD
+here, apply that creates, the schema of fields other than a custom resource's status (and the
+pruning of unknown fields), and the `ancient-changes` bucket for update managers past ten.
 """
 
 from __future__ import annotations
@@ -612,8 +614,6 @@ class VersionedEmulator(KubernetesEmulator):
     pod_grace: bool = False
     # What a real server fills in on a PodGroup's create (off: stored as sent).
     pod_group_defaults: bool = False
-    # Feature gates off on this server (e.g. "TopologyAwareWorkloadScheduling"): their fields
-    # are dropped from the gang objects a create stores.
 
     _rv: int = attrs.field(default=0, init=False)
     _compacted: int = attrs.field(default=0, init=False)
@@ -877,7 +877,10 @@ class VersionedEmulator(KubernetesEmulator):
         async with self._store_lock:
             if self._live(key) is not None:
                 raise already_exists(resource, name)
-            created = await self._commit(key, "ADDED", obj)
+            if request.params.get("dryRun") == "All":
+                created = obj  # checked and answered as it would be stored; nothing stored
+            else:
+                created = await self._commit(key, "ADDED", obj)
         self._created.add(request)  # answered 201 Created (see _handle)
         return created
 

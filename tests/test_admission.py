@@ -339,6 +339,38 @@ def test_each_cause_of_a_denial_names_the_item_to_fix(client: httpx.Client) -> N
     assert response["warnings"] == [f"{rjs}[2].schedulingPolicys: unknown field, ignored"]
 
 
+def test_a_runtime_jobset_would_refuse_is_denied_but_a_stored_one_stays_editable(
+    client: httpx.Client,
+) -> None:
+    """The launcher listed before the workers it depends on: JobSet's webhook would refuse every
+    JobSet Trainer makes of it ("replicatedJob: launcher cannot depend on replicatedJob: node",
+    and for the first ReplicatedJob "DependsOn can't be set for the first ReplicatedJob"), so
+    its TrainJobs would never start. Denied at the runtime's apply, at the dependsOn to move;
+    an update of one stored before this rule that keeps its order is not."""
+    rt = runtime(rj("launcher", depends=[("node", "Ready")]), rj("node", replicas=4),
+                 scheduling={})  # fmt: skip
+    review = runtime_review(rt)
+    path = webhook_path(review, "validate")
+    response = send(client, path, review)
+    assert response["allowed"] is False
+    (cause,) = response["status"]["details"]["causes"]
+    assert (cause["field"], cause["reason"]) == (
+        "spec.template.spec.replicatedJobs[0].dependsOn",
+        "FieldValueForbidden",
+    )
+    assert 'the first ReplicatedJob ("launcher") cannot have dependsOn' in cause["message"]
+    relabelled = copy.deepcopy(rt)
+    relabelled["metadata"]["labels"] = {"team": "a"}
+    update = runtime_review(relabelled, "UPDATE")
+    update["request"]["oldObject"] = rt
+    assert send(client, path, update)["allowed"] is True
+    reordered = runtime(rj("node", replicas=4), rj("launcher", depends=[("node", "Ready")]),
+                        scheduling={})  # fmt: skip
+    fixed = runtime_review(reordered, "UPDATE")
+    fixed["request"]["oldObject"] = rt
+    assert send(client, path, fixed)["allowed"] is True
+
+
 def trainjob_review(name: str = "trainjob-create.validate.json") -> dict[str, Any]:
     return fixture(name)
 

@@ -146,11 +146,18 @@ def test_dropped_fields_are_said_while_waiting_and_kept_in_the_scheduled_message
     desired = decide(scheduled, None, NOW)
     assert desired is not None and (desired.status, desired.reason) == ("True", c.SCHEDULED)
     assert "TopologyAwareWorkloadScheduling" in desired.message
-    # The scheduler's own verdict still comes first, the dropped fields beside it.
-    judged = Situation(gangs=(gang(verdict="Unschedulable"),), dropped=note)
-    desired = decide(judged, None, NOW)
-    assert desired is not None and desired.reason == c.WAITING_FOR_CAPACITY
-    assert note in desired.message
+    # The scheduler's own verdict (and feasibility's) comes first, the dropped fields beside
+    # it: FeatureGateOff is the reason only while nothing has judged the gang.
+    for verdict, infeasible, expected in (
+        ("Unschedulable", None, c.WAITING_FOR_CAPACITY),
+        ("SchedulerError", None, c.SCHEDULER_ERROR),
+        ("Unschedulable", "gang node of 4 pods needs room for 4 pods in the cluster", c.INFEASIBLE),
+        ("NotEvaluated", "gang node of 4 pods needs room for 4 pods in the cluster", c.INFEASIBLE),
+    ):
+        judged = Situation(gangs=(gang(verdict=verdict),), dropped=note, infeasible=infeasible)
+        desired = decide(judged, None, NOW)
+        assert desired is not None and desired.reason == expected, (verdict, infeasible)
+        assert note in desired.message
 
 
 def test_infeasible_carries_the_numbers_unless_the_gang_was_scheduled_anyway() -> None:

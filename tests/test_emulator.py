@@ -551,6 +551,22 @@ async def test_a_pod_group_stays_terminating_while_a_pod_names_it() -> None:
 
 
 @pytest.mark.asyncio
+async def test_a_dry_run_create_is_answered_as_stored_and_stores_nothing() -> None:
+    async with emulator() as (k, _):
+        probe = pod_group()
+        probe["metadata"] = {"generateName": "probe-", "namespace": NS}
+        code, answer = await call(k, "POST", f"{POD_GROUPS_URL}?dryRun=All", probe)
+        assert code == 201 and answer["metadata"]["name"].startswith("probe-"), answer
+        assert answer["spec"]["schedulingConstraints"] == ZONE and uid(answer)
+        assert "resourceVersion" not in answer["metadata"]
+        assert await get(k, POD_GROUPS, NS, answer["metadata"]["name"]) is None
+        assert k.changes(POD_GROUPS) == []  # no watch event either
+        await create(k, POD_GROUPS, pod_group())
+        code, answer = await call(k, "POST", f"{POD_GROUPS_URL}?dryRun=All", pod_group())
+        assert_status(answer, 409, "AlreadyExists")  # checked as a create would be
+
+
+@pytest.mark.asyncio
 async def test_only_pods_of_its_own_namespace_hold_a_pod_group_and_other_finalizers_stay() -> None:
     async with emulator() as (k, _):
         elsewhere = pod("p")

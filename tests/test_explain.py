@@ -69,10 +69,18 @@ class World:
         assert plan is not None
         return plan
 
-    async def gang_objects(self, condition: tuple[str, str, str] | None = None) -> None:
+    async def gang_objects(
+        self, condition: tuple[str, str, str] | None = None, gates_off: bool = False
+    ) -> None:
         """The native Workload and PodGroup, as the reconciler makes them; `condition` is the
-        PodGroupInitiallyScheduled (status, reason, message) kube-scheduler writes."""
+        PodGroupInitiallyScheduled (status, reason, message) kube-scheduler writes; `gates_off`:
+        stored as an API server with TopologyAwareWorkloadScheduling off stores them (no
+        topology constraint; tests/fixtures/gang-objects/)."""
         for obj in NativeBackend().render(self.plan(), Context.of(self.job)):
+            if gates_off:
+                obj["spec"].pop("schedulingConstraints", None)
+                for template in obj["spec"].get("podGroupTemplates") or ():
+                    template["schedulingConstraints"] = None
             made = await create(self.k, WORKLOADS if obj["kind"] == "Workload" else POD_GROUPS, obj)
             if condition is not None and obj["kind"] == "PodGroup":
                 status, reason, message = condition
@@ -229,6 +237,23 @@ async def test_can_never_fit_and_scheduled_and_finished() -> None:
         done = {"status": {"conditions": [{"type": "Complete", "status": "True"}]}}
         await patch(k, TRAINJOBS, NS, "my-job", done)
         assert (await w.explain())["verdict"]["state"] == "finished"
+
+
+@pytest.mark.asyncio
+async def test_a_gang_whose_topology_was_dropped_is_judged_over_the_whole_cluster() -> None:
+    """Its PodGroup stored without the constraint (the gate off): kube-scheduler places it
+    across zones, so 50 pods that no zone holds only wait; the note says why."""
+    async with emulator() as (k, url), api_client(url) as api:
+        w = World(k, url, api)
+        await w.nodes(CLUSTER)
+        await w.trainjob(pods=50)
+        await w.gang_objects(("False", "Unschedulable", "pod group is unschedulable"), True)
+        report = await w.explain()
+        assert report["verdict"]["state"] != "never-fits", report["verdict"]
+        (gang,) = report["feasibility"]["gangs"]
+        assert gang["fits"] is True, gang
+        assert any(n.startswith("topology not enforced: the API server drops") for n in
+                   report["notes"]), report["notes"]  # fmt: skip
 
 
 @pytest.mark.asyncio

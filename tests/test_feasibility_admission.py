@@ -6,20 +6,24 @@ quietly: one warning, ready all the same)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 
 from tests.builders import Json, runtime, trainjob
-from tests.harness import running_server
+from tests.harness import ServerProcess, running_server
 from tests.kube_emulator import (
     CLUSTER_RUNTIMES,
     LIST,
     NODES,
     ApiError,
+    VersionedEmulator,
     create,
     emulator,
     eventually,
@@ -140,27 +144,44 @@ def forbidden() -> ApiError:
     return status(403, 'nodes is forbidden: User "x" cannot list resource "nodes"', "Forbidden")
 
 
-@pytest.mark.asyncio
-async def test_the_service_watches_the_nodes_and_judges_from_them(tmp_path: Path) -> None:
+@contextlib.asynccontextmanager
+async def zones_served(
+    tmp_path: Path, *args: str, before: Callable[[VersionedEmulator], None] | None = None
+) -> AsyncIterator[tuple[VersionedEmulator, ServerProcess, httpx.AsyncClient]]:
+    """The service as a process, ready, on the emulator with the zone runtime and CLUSTER's
+    nodes; `before` sets the emulator up first (a reaction)."""
     async with emulator() as (k, url):
+        if before is not None:
+            before(k)
         await create(k, CLUSTER_RUNTIMES, zone_runtime())
         for obj in CLUSTER:
             await create(k, NODES, obj)
-        async with serving(tmp_path, url) as (proc, client):
+        async with serving(tmp_path, url, *args) as (proc, client):
             await eventually_ready(client, proc)
+            yield k, proc, client
 
-            async def warnings() -> list[str]:
-                body = review(trainjob(num_nodes=64))
-                answer = (await client.post(TRAINJOB_PATH, json=body)).json()["response"]
-                found: list[str] = answer.get("warnings", [])
-                return found
 
-            await eventually_true(lambda: warnings(), WARNED, "the warning, from the watch")
-            # 8 more nodes join zone-b: 32 x 2 = 64 pods, and the warning goes.
-            for obj in nodes("more", 8, zone="zone-b", gpus=8):
-                await create(k, NODES, obj)
-            await eventually_true(lambda: warnings(), [], "the new nodes seen")
-            assert len(k[LIST, NODES]) == 1  # followed by the watch, never listed again
+async def answer_to(client: httpx.AsyncClient, num_nodes: int) -> Json:
+    """The TrainJob webhook's answer to a TrainJob of `num_nodes` on the zone runtime."""
+    body = review(trainjob(num_nodes=num_nodes))
+    found: Json = (await client.post(TRAINJOB_PATH, json=body)).json()["response"]
+    return found
+
+
+@pytest.mark.asyncio
+async def test_the_service_watches_the_nodes_and_judges_from_them(tmp_path: Path) -> None:
+    async with zones_served(tmp_path) as (k, _, client):
+
+        async def warnings() -> list[str]:
+            found: list[str] = (await answer_to(client, 64)).get("warnings", [])
+            return found
+
+        await eventually_true(lambda: warnings(), WARNED, "the warning, from the watch")
+        # 8 more nodes join zone-b: 32 x 2 = 64 pods, and the warning goes.
+        for obj in nodes("more", 8, zone="zone-b", gpus=8):
+            await create(k, NODES, obj)
+        await eventually_true(lambda: warnings(), [], "the new nodes seen")
+        assert len(k[LIST, NODES]) == 1  # followed by the watch, never listed again
 
 
 @pytest.mark.asyncio

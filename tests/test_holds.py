@@ -21,6 +21,7 @@ from webhook.admission.handlers import HOLD_CODE
 from webhook.backends.base import MANAGED_BY, MANAGED_BY_LABEL
 from webhook.backends.native import POD_GROUP
 from webhook.core import naming
+from webhook.core.defaults import GANG_LABEL
 from webhook.core.plan import RESTART_ATTEMPT
 from webhook.core.snapshot import SNAPSHOT_ANNOTATION, snapshot
 from webhook.kube.cache import Cache
@@ -313,6 +314,26 @@ def test_a_pod_whose_trainjob_is_not_cached_is_held_unless_it_has_none(
     cache.trainjob_lookup = TrainJobLookup(Asked(False))  # a plain JobSet's pod
     with server.client() as client:
         assert tied_to(answer(client, review())) is None
+
+
+def test_a_pod_of_a_deleted_trainjobs_jobset_is_held(server: RunningServer) -> None:
+    """Trainer can make a TrainJob's JobSet again just before a foreground delete ends (seen on
+    a real control plane); its Jobs then make pods whose TrainJob is gone. A plain JobSet's pods
+    pass: only the gang label its runtime stamps, or a JobSet a TrainJob controls, say it was a
+    TrainJob's. Held, never admitted loose."""
+    cache = server.cache
+    uid = str(trainjob_raw(cache)["metadata"]["uid"])
+    cache.trainjobs.replace([])
+    cache.trainjob_lookup = TrainJobLookup(Asked(False))
+    labelled = review()
+    labelled["request"]["object"]["metadata"]["labels"][GANG_LABEL] = "true"
+    plain = review()
+    plain["request"]["object"]["metadata"]["labels"].pop(GANG_LABEL, None)
+    with server.client() as client:
+        held(answer(client, labelled), f'TrainJob "{NAME}" is gone')
+        assert tied_to(answer(client, plain)) is None  # a plain JobSet of the name
+        cache.jobsets.replace([jobset(uid, restarts=0)])  # the orphan JobSet, still cached
+        held(answer(client, plain), f'TrainJob "{NAME}" is gone')
 
 
 @pytest.mark.asyncio

@@ -487,37 +487,41 @@ async def test_a_gang_that_can_never_fit_is_infeasible_with_the_numbers() -> Non
         assert found["message"].startswith("can never fit as configured: gang")
 
 
+async def stored_as_gates_off(s: Service, group: str) -> None:
+    """The TrainJob's Workload and PodGroup stored again as an API server with the gate off
+    stores them: without the topology constraint (null in a Workload template). What a real
+    one drops is make e2e's (tests/e2e) and the captures' (tests/test_dropped_fields.py); here,
+    the reconciler's report of it."""
+    s.cache.apis["native"] = "not-served"  # the reconciler leaves the TrainJob alone
+    for resource in (POD_GROUPS, WORKLOADS):
+        found = await get(s.k, resource, NS, group)
+        assert found is not None
+        await delete(s.k, resource, NS, group)
+        dropped = copy.deepcopy(found)
+        for key in ("uid", "resourceVersion", "creationTimestamp", "generation"):
+            dropped["metadata"].pop(key, None)
+        dropped["metadata"].pop("finalizers", None)
+        if resource == POD_GROUPS:
+            del dropped["spec"]["schedulingConstraints"]
+        else:
+            for template in dropped["spec"]["podGroupTemplates"]:
+                template["schedulingConstraints"] = None
+        await create(s.k, resource, dropped)
+    await eventually(
+        lambda: (
+            (e := s.cache.store(POD_GROUP).get(NS, group)) is not None
+            and "schedulingConstraints" not in e.raw["spec"]
+        ),
+        "the dropped PodGroup cached",
+    )
+    s.cache.apis["native"] = "served"
+    s.reconciler.resync()
+
+
 async def test_fields_the_api_server_dropped_name_the_feature_gate() -> None:
     async with service() as s:
         group = await with_its_gang(s)
-        # Stored as an API server with the gate off stores them: without the topology
-        # constraint (null in a Workload template). What a real one drops is make e2e's
-        # (tests/e2e) and the captures' (tests/test_dropped_fields.py); here, the reconciler's
-        # report of it.
-        s.cache.apis["native"] = "not-served"  # the reconciler leaves the TrainJob alone
-        for resource in (POD_GROUPS, WORKLOADS):
-            found = await get(s.k, resource, NS, group)
-            assert found is not None
-            await delete(s.k, resource, NS, group)
-            dropped = copy.deepcopy(found)
-            for key in ("uid", "resourceVersion", "creationTimestamp", "generation"):
-                dropped["metadata"].pop(key, None)
-            dropped["metadata"].pop("finalizers", None)
-            if resource == POD_GROUPS:
-                del dropped["spec"]["schedulingConstraints"]
-            else:
-                for template in dropped["spec"]["podGroupTemplates"]:
-                    template["schedulingConstraints"] = None
-            await create(s.k, resource, dropped)
-        await eventually(
-            lambda: (
-                (e := s.cache.store(POD_GROUP).get(NS, group)) is not None
-                and "schedulingConstraints" not in e.raw["spec"]
-            ),
-            "the dropped PodGroup cached",
-        )
-        s.cache.apis["native"] = "served"
-        s.reconciler.resync()
+        await stored_as_gates_off(s, group)
         found = await condition_is(s.k, cond.FEATURE_GATE_OFF)
         assert (
             "schedulingConstraints from its PodGroup and Workload (feature gate "
@@ -533,6 +537,40 @@ async def test_fields_the_api_server_dropped_name_the_feature_gate() -> None:
             )
             == 1
         )
+
+
+async def test_a_gang_whose_topology_was_dropped_is_judged_over_the_whole_cluster() -> None:
+    """The real cluster's case, with the required gates only: no zone holds the gang of 4, the
+    cluster does. Kept, it is Infeasible in one zone. Stored without its constraint, it is
+    judged over the cluster: FeatureGateOff while the scheduler has not judged it, then the
+    scheduler's own verdict, the dropped fields named in each; and what the server stored is
+    the cluster's evidence (`kube/constraints.py`), which admission reads."""
+    async with service() as s:
+        for obj in nodes("a", 2, zone="zone-a", gpus=4) + nodes("b", 2, zone="zone-b", gpus=4):
+            await create(s.k, NODES, obj)
+        group = await with_its_gang(s)
+        found = await condition_is(s.k, cond.INFEASIBLE)
+        assert "in one topology.kubernetes.io/zone; the largest zone has 8" in found["message"]
+        assert s.cache.topology.kept is True  # what the server stored of the objects it made
+        await stored_as_gates_off(s, group)
+        found = await condition_is(s.k, cond.FEATURE_GATE_OFF)
+        assert "schedulingConstraints from its PodGroup and Workload" in found["message"]
+        assert s.cache.topology.kept is False
+        evidence = s.cache.topology.evidence
+        assert evidence is not None and evidence.source.endswith(f" {NS}/{group} as stored")
+        said = "0/4 nodes are available: 4 Insufficient nvidia.com/gpu."
+        await scheduler_says(s, group, "False", "Unschedulable", said)
+        found = await condition_is(s.k, cond.WAITING_FOR_CAPACITY)
+        assert said in found["message"]
+        assert "schedulingConstraints from its PodGroup and Workload" in found["message"]
+        # Too few nodes left even for the whole cluster: Infeasible there, fields still named.
+        await delete(s.k, NODES, None, "b-1")
+        await eventually(lambda: len(s.cache.nodes) == 3, "the node gone from the summary")
+        s.reconciler.resync()
+        found = await condition_is(s.k, cond.INFEASIBLE)
+        cluster = "needs 16 nvidia.com/gpu in the cluster; the cluster has 12 (3 nodes)"
+        assert cluster in found["message"]
+        assert "schedulingConstraints from its PodGroup and Workload" in found["message"]
 
 
 async def test_a_replica_that_stops_leading_stops_counting_degraded_gangs() -> None:

@@ -254,8 +254,8 @@ def test_a_basic_initializer_beside_a_gang_of_gangs() -> None:
 
 def test_a_ready_dependency_between_children_joins_the_gang_of_groups_later() -> None:
     raw = runtime(
-        rj("launcher", depends=[("node", "Ready")]),
         torch_node(replicas=2),
+        rj("launcher", depends=[("node", "Ready")]),
         scheduling={
             "schedulingPolicy": {"gang": {}},
             "replicatedJobs": [

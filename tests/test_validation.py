@@ -13,8 +13,9 @@ import pytest
 
 from tests.builders import Json, rj, runtime, torch_node, trainjob
 from webhook.core.errors import ErrorType, render
+from webhook.core.fields import parse
 from webhook.core.trainer import Runtime
-from webhook.core.validation import validate_runtime, validate_trainjob
+from webhook.core.validation import check_stored_runtime, validate_runtime, validate_trainjob
 
 ZONE = {"topology": [{"key": "topology.kubernetes.io/zone"}]}
 CLAIM = {"name": "slice", "resourceClaimTemplateName": "tpu-slice"}
@@ -569,17 +570,18 @@ RULES = [
     Rule(
         "gangs-must-not-wait-on-each-other",
         # [a, b] needs b, b waits for c; [c, d] needs d, d waits for a: neither gang can start.
+        # (Each depends on one listed before it, as JobSet requires.)
         runtime(
+            rj("c"),
             rj("a"),
             rj("b", depends=[("c", "Ready")]),
-            rj("c"),
             rj("d", depends=[("a", "Ready")]),
             scheduling=entries(target("a", "b", "c", "d")),
         ),
         runtime(
+            rj("c"),
             rj("a"),
             rj("b", depends=[("c", "Ready")]),
-            rj("c"),
             rj("d", depends=[("a", "Ready")]),
             scheduling=entries(target("a", "b"), target("c", "d")),
         ),
@@ -639,6 +641,31 @@ RULES = [
         "spec.template.spec.replicatedJobs[1].dependsOn[0].name",
         ErrorType.INVALID,
         '"node": a ReplicatedJob cannot depend on itself',
+    ),
+    Rule(
+        "depends-on-not-on-the-first",
+        # JobSet's webhook: "DependsOn can't be set for the first ReplicatedJob".
+        runtime(rj("init"), torch_node(depends=[("init", "Ready")]), scheduling={}),
+        runtime(torch_node(depends=[("init", "Ready")]), rj("init"), scheduling={}),
+        "spec.template.spec.replicatedJobs[0].dependsOn",
+        ErrorType.FORBIDDEN,
+        'the first ReplicatedJob ("node") cannot have dependsOn: JobSet refuses the JobSet',
+    ),
+    Rule(
+        "depends-on-one-listed-before",
+        # JobSet's webhook: "replicatedJob: node cannot depend on replicatedJob: launcher".
+        runtime(
+            rj("init"), rj("launcher"), torch_node(depends=[("launcher", "Ready")]), scheduling={}
+        ),
+        runtime(
+            rj("init"), torch_node(depends=[("launcher", "Ready")]), rj("launcher"), scheduling={}
+        ),
+        "spec.template.spec.replicatedJobs[1].dependsOn[0].name",
+        ErrorType.INVALID,
+        '"launcher": "launcher" is listed after "node": a ReplicatedJob may depend only on those '
+        'listed before it (JobSet refuses the JobSet: "replicatedJob: node cannot depend on '
+        'replicatedJob: launcher"), so no TrainJob of this runtime would start; move "launcher" '
+        'above "node" in spec.template.spec.replicatedJobs',
     ),
     Rule(
         "depends-on-acyclic-with-in-order",
@@ -735,6 +762,38 @@ def test_long_name_allowed_when_the_template_is_untouched() -> None:
     assert validate_runtime(new, old).errors == ()
     changed = runtime(rj("a" * 21, parallelism=2), scheduling={})
     assert validate_runtime(changed, old).errors[0].type is ErrorType.TOO_LONG
+
+
+def test_a_stored_runtime_jobset_would_refuse_is_not_bricked() -> None:
+    """JobSet's order rules are ratcheted: a runtime stored before them (its first ReplicatedJob
+    has dependsOn) can still be updated, its template too, unless the update adds another such
+    error; fixing the order is always allowed. A stored runtime is not judged by them at all
+    (its TrainJobs' admission and the reconciler read it with `stored=True`)."""
+    old = runtime(torch_node(depends=[("init", "Ready")]), rj("init"), scheduling={})
+    relabelled = copy.deepcopy(old)
+    relabelled["metadata"]["labels"] = {"team": "a"}
+    assert validate_runtime(relabelled, old).errors == ()
+    rescheduled = runtime(
+        torch_node(depends=[("init", "Ready")]), rj("init"), scheduling=entries(target("node"))
+    )
+    assert validate_runtime(rescheduled, old).errors == ()
+    resized = runtime(
+        torch_node(depends=[("init", "Ready")]), rj("init", parallelism=2), scheduling={}
+    )
+    assert validate_runtime(resized, old).errors == ()
+    fixed = runtime(rj("init"), torch_node(depends=[("init", "Ready")]), scheduling={})
+    assert validate_runtime(fixed, old).errors == ()
+    worse = runtime(
+        torch_node(depends=[("init", "Ready")]),
+        rj("init", depends=[("eval", "Ready")]),
+        rj("eval"),
+        scheduling={},
+    )
+    (error,) = validate_runtime(worse, old).errors
+    assert error.path == "spec.template.spec.replicatedJobs[1].dependsOn[0].name"
+    parsed_old, _ = parse(Runtime, old)
+    assert parsed_old is not None
+    assert check_stored_runtime(parsed_old).verdict.errors == ()
 
 
 def test_complete_dependency_inside_basic_entry_is_fine() -> None:

@@ -1,7 +1,10 @@
 """What feasibility says at `kubectl apply` of a TrainJob: a warning for each gang that could
 never fit in any domain of the nodes the cache has, or, where the runtime's
 `trainjob-scheduling.dev/feasibility: deny` annotation or the service's `--feasibility=deny` asks
-for it, a denial. No I/O: the judgement reads the cache's Node summary."""
+for it, a denial. On a cluster whose API server drops a gang's topology constraint
+(`kube/constraints.py`), a native gang with topology is judged over the whole cluster, as
+kube-scheduler will place it, and a warning says its topology is not enforced. No I/O: the
+judgement reads the cache's Node summary."""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ from ..core.plan import Plan
 from ..core.trainer import TrainJob
 from ..core.validation import CheckedRuntime
 from ..kube.cache import Cache
+from ..kube.constraints import unenforced
 from ..kube.feasibility import MODE_ANNOTATION, Judged, domains_by_node_labels, mode_of
 from .review import MAX_WARNING
 
@@ -27,11 +31,14 @@ def feasibility_verdict(
     """(warnings, errors) for the TrainJob's gangs that can never fit."""
     mode, note = mode_of(runtime.runtime, cache.feasibility.mode)
     warnings = [note] if note else []
+    kept = cache.topology.kept
+    judging = mode != "off" and cache.feasibility.unavailable() is None
+    said = unenforced(plan, backend, kept, judging)  # said whatever the mode
+    warnings += _lines(said) if said else []
     if mode == "off":
         return warnings, []
-    judged = cache.feasibility.plan(
-        plan, runtime.runtime, trainjob, topology=domains_by_node_labels(backend, context)
-    )
+    topology = domains_by_node_labels(backend, context, kept)
+    judged = cache.feasibility.plan(plan, runtime.runtime, trainjob, topology=topology)
     if judged is None:
         return warnings, []
     never = [j for j in judged[0] if not j.fit.fits]

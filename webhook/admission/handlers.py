@@ -32,7 +32,13 @@ from ..core.errors import FieldError, Path
 from ..core.fields import parse
 from ..core.layout import is_multi_level
 from ..core.lifecycle import gang_exists, runs_elsewhere
-from ..core.ownership import controlled_by, controller_uid, controlling_trainjob
+from ..core.ownership import (
+    controlled_by,
+    controller_ref,
+    controller_uid,
+    controlling_trainjob,
+    is_trainjob_ref,
+)
 from ..core.plan import (
     JOB_INDEX,
     JOBSET_NAME,
@@ -458,7 +464,8 @@ def mutate_pod_review(review: Review, cache: Cache) -> Decision | Awaitable[Deci
     lookup = cache.plan_for(namespace, trainjob)
     assert isinstance(labels, dict)
     if lookup.state == "no-trainjob":
-        asked = _not_cached(namespace, trainjob, lookup.detail, cache)
+        ganged = labels.get(GANG_LABEL) == "true" or _trainjobs_jobset(namespace, trainjob, cache)
+        asked = _not_cached(namespace, trainjob, lookup.detail, cache, ganged)
         return _remembered(review, pod, namespace, trainjob, asked, cache)
     decision = _judge_pod(pod, labels, namespace, trainjob, lookup, cache)
     return _remembered(review, pod, namespace, trainjob, decision, cache)
@@ -576,18 +583,30 @@ def _judge_pod(
     return _tie(pod, labels, lookup, cache)
 
 
+def _trainjobs_jobset(namespace: str, name: str, cache: Cache) -> bool:
+    """Whether the JobSet of that name, as the cache has it, is a TrainJob's."""
+    entry = cache.jobsets.get(namespace, name)
+    owner = controller_ref(entry.raw) if entry is not None else None
+    return owner is not None and is_trainjob_ref(owner)
+
+
 def _not_cached(
-    namespace: str, trainjob: str, detail: str, cache: Cache
+    namespace: str, trainjob: str, detail: str, cache: Cache, ganged: bool
 ) -> Decision | Awaitable[Decision]:
     """A JobSet pod whose TrainJob this replica has not seen: a plain JobSet's (let through,
     silently), or a TrainJob's that the watch has not brought yet (held). Only the API server
-    can tell: asked once per TrainJob name for a few seconds (kube/lookup.py)."""
+    can tell: asked once per TrainJob name for a few seconds (kube/lookup.py). A pod of a
+    TrainJob's JobSet (`ganged`: the gang label its runtime stamps, or its JobSet's owner) whose
+    TrainJob is gone is held too: its JobSet is being garbage collected, and a pod admitted now
+    would run loose (Trainer may make the JobSet again just before a foreground delete ends)."""
     lookup = cache.trainjob_lookup
     if lookup is None:  # no cluster: nothing will ever be known
         return Decision(warnings=[f"not tied to a gang: {detail}"])
 
     async def asked() -> Decision:
         exists = await lookup.exists(namespace, trainjob)
+        if exists is False and ganged:
+            return held("TrainJobGone", f'TrainJob "{trainjob}" is gone: its JobSet is an orphan')
         if exists is False:
             return Decision(note=detail)  # a JobSet of the same name but no TrainJob
         if exists is None:

@@ -127,8 +127,10 @@ REASONS: Mapping[str, ReasonDoc] = {
         "The API server dropped fields of its gang objects because a feature gate is off "
         "(topology, disruptionMode, priorityClassName, resource claims): the message names "
         "each field and its gate. The gang objects are made without them and never recreated "
-        "for it; said while the gang waits for the scheduler. Once it is scheduled the "
-        "condition is Scheduled, and its message still names the dropped fields.",
+        "for it. Said while the scheduler has not judged the gang yet; once it has, its "
+        "verdict is the reason (WaitingForCapacity, SchedulerError, Scheduled; or Infeasible), "
+        "and the message still names the dropped fields. A gang whose topology was dropped is "
+        "judged for Infeasible over the whole cluster.",
         "Turn the named feature gate on in kube-apiserver and kube-scheduler (then delete and "
         "create the TrainJob again to have the fields), or accept the gang without them.",
     ),
@@ -297,7 +299,9 @@ def decide(situation: Situation, stored: Mapping[str, Any] | None, now: str) -> 
     if degraded:
         return _desired(DEGRADED, _degraded_message(degraded, stored, now))
     # Fields the API server dropped (a gate is off) are said with whatever else holds: the gang
-    # is made without them, and a scheduled gang is still scheduled.
+    # is made without them, and a scheduled gang is still scheduled. The scheduler's own verdict
+    # (or feasibility's) is what a person acts on: FeatureGateOff is the reason only while
+    # nothing has judged the gang yet.
     also = f"; {s.dropped}" if s.dropped else ""
     gangs = [g for g in s.gangs if g.min_count is not None] or list(s.gangs)
     if all(g.scheduled for g in gangs):
@@ -309,7 +313,7 @@ def decide(situation: Situation, stored: Mapping[str, Any] | None, now: str) -> 
             )
         return _desired(SCHEDULED, _scheduled_message(gangs) + also)
     if s.infeasible is not None:
-        return _desired(INFEASIBLE, f"can never fit as configured: {s.infeasible}")
+        return _desired(INFEASIBLE, f"can never fit as configured: {s.infeasible}{also}")
     waiting = [g for g in gangs if not g.scheduled]
     for verdict, reason in (
         ("SchedulerError", SCHEDULER_ERROR),

@@ -91,6 +91,8 @@ def runtime_layout(
     errs += _check_levels(scheduling)
     errs += _owned_fields(runtime)
     errs += _restart_errors(runtime)
+    if not stored:
+        errs += _jobset_order_errors(runtime, old)
     layout = resolve_layout(runtime)
     assert layout is not None
     errs += layout.errors
@@ -171,6 +173,53 @@ def _restart_errors(runtime: Runtime) -> list[FieldError]:
                     "admitted whole) or FailJobSet",
                 )
             )
+    return errs
+
+
+def _jobset_order_errors(runtime: Runtime, old: Runtime | None = None) -> list[FieldError]:
+    """JobSet's webhook refuses a JobSet whose first ReplicatedJob has dependsOn ("DependsOn
+    can't be set for the first ReplicatedJob") or one of whose ReplicatedJobs depends on one
+    listed after it ("replicatedJob: X cannot depend on replicatedJob: Y"). Trainer builds the
+    JobSet from the template in its order, so no TrainJob of such a runtime would ever start.
+    (A name the template lacks, and a ReplicatedJob naming itself, are start-up rules:
+    `startup.py`.) Ratcheted: an update is denied only for an error the runtime it replaces
+    did not have, so a runtime stored before this rule can still be edited (relabelled, its
+    scheduling changed, or its order fixed)."""
+    if old is not None:
+        had = _jobset_order_errors(old)
+        return [e for e in _jobset_order_errors(runtime) if e not in had]
+    rjs = runtime.replicated_jobs
+    names = {rj.name for rj in rjs}
+    earlier: set[str] = set()
+    errs: list[FieldError] = []
+    for i, rj in enumerate(rjs):
+        deps = rj.depends_on or []
+        where = REPLICATED_JOBS.index(i).child("dependsOn")
+        if i == 0 and deps:
+            errs.append(
+                fe.forbidden(
+                    where,
+                    f'the first ReplicatedJob ("{rj.name}") cannot have dependsOn: JobSet '
+                    'refuses the JobSet ("DependsOn can\'t be set for the first ReplicatedJob"), '
+                    "so no TrainJob of this runtime would start; list the ReplicatedJobs it "
+                    "depends on before it, or remove its dependsOn",
+                )
+            )
+        else:
+            for j, dep in enumerate(deps):
+                if dep.name in names and dep.name != rj.name and dep.name not in earlier:
+                    errs.append(
+                        fe.invalid(
+                            where.index(j).child("name"),
+                            dep.name,
+                            f'"{dep.name}" is listed after "{rj.name}": a ReplicatedJob may '
+                            "depend only on those listed before it (JobSet refuses the JobSet: "
+                            f'"replicatedJob: {rj.name} cannot depend on replicatedJob: '
+                            f'{dep.name}"), so no TrainJob of this runtime would start; move '
+                            f'"{dep.name}" above "{rj.name}" in spec.template.spec.replicatedJobs',
+                        )
+                    )
+        earlier.add(rj.name)
     return errs
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..backends.base import Context, api_versions, is_managed
+from ..backends.base import Context, api_versions, is_managed, spec_of
 from ..backends.native import POD_GROUP
 from ..core import condition, feasibilityview, planview
 from ..core.feasibility import Fit, Gang, gangs_of, judge
@@ -28,6 +28,8 @@ from ..core.kueue import QUEUE_LABEL
 from ..core.lifecycle import is_finished, runs_elsewhere
 from ..core.plan import group_for_labels
 from ..core.trainer import CLUSTER_RUNTIME_KIND
+from ..kube.constraints import FIELD as CONSTRAINT
+from ..kube.constraints import unenforced
 from ..kube.feasibility import domains_by_node_labels
 from ..kube.gangpods import LIVE, PRESENT, SUCCEEDED, state_of
 from .gather import Findings
@@ -85,7 +87,10 @@ def build(found: Findings) -> Json:
     judged: list[tuple[Gang, Fit]] = []
     if plan is not None and backend is not None and tj is not None and found.runtime is not None:
         if found.nodes is not None and len(found.nodes):
-            topology = domains_by_node_labels(backend, Context.of(found.trainjob))
+            kept = _topology_kept(found)
+            topology = domains_by_node_labels(backend, Context.of(found.trainjob), kept)
+            said = unenforced(plan, backend, kept, True)
+            report["notes"] += [said] if said else []
             gangs, notes = gangs_of(plan, found.runtime, tj, topology=topology)
             view = NodeView(found.nodes.shapes, found.nodes.dropped_keys)
             judged = [(g, judge(g.demand, view)) for g in gangs]
@@ -97,6 +102,22 @@ def build(found: Findings) -> Json:
             report["notes"].append("the cluster has no nodes: feasibility is not judged")
     report["verdict"] = _verdict(found, report, judged)
     return report
+
+
+def _topology_kept(found: Findings) -> bool | None:
+    """Whether the API server kept the topology constraint of the TrainJob's PodGroups that
+    asked for one (None: none is stored): a gang whose constraint was dropped is placed, and
+    judged, over the whole cluster."""
+    plan = found.plan
+    if plan is None or found.backend is None or found.backend.name != "native":
+        return None
+    keyed = {g.pod_group_name for g in plan.groups if g.topology_key}
+    seen = [
+        bool(spec_of(obj).get(CONSTRAINT))
+        for kind, obj in found.gang_objects
+        if kind == POD_GROUP and (obj.get("metadata") or {}).get("name") in keyed
+    ]
+    return all(seen) if seen else None
 
 
 def _condition(c: Mapping[str, Any]) -> Json:

@@ -24,6 +24,7 @@ from ..core.plan import Plan, PlanningError, build_plan
 from ..core.snapshot import PLAN_VERSION, Frozen, from_text, newer_version, snapshot, snapshot_of
 from ..core.trainer import CLUSTER_RUNTIME_KIND, NAMESPACED_RUNTIME_KIND, Runtime, TrainJob
 from ..core.validation import CheckedRuntime, Verdict, check_stored_runtime
+from .constraints import TopologyKept
 from .feasibility import Feasibility
 from .gangstore import GangStore
 from .index import OwnerIndex
@@ -123,6 +124,9 @@ class Cache:
         # Fed by the Node watch; not needed for readiness (feasibility waits for it quietly).
         self.feasibility = Feasibility()
         self.nodes = self.feasibility.summary
+        # Whether the API server keeps a gang's topology constraint (`constraints.py`): a
+        # dry-run probe's answer, or what it stored of the reconciler's objects.
+        self.topology = TopologyKept()
         # The username the service's own API requests carry (`--service-account`, else learned
         # at start): the only requester whose writes of a TrainJob's runtime snapshot are
         # allowed; empty: no one's.

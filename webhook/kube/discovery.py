@@ -144,6 +144,7 @@ class BackendApiWatch:
         *,
         period: float = 60.0,
         on_change: Callable[[GangBackend, GangApi], None] | None = None,
+        after_check: Callable[[GangBackend], Awaitable[None]] | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.api = api
@@ -151,6 +152,8 @@ class BackendApiWatch:
         self.make_informers = make_informers
         self.period = period
         self.on_change = on_change
+        # Told after each check of a backend (the topology probe, `constraints.py`).
+        self.after_check = after_check
         self.sleep = sleep
         self._watches: dict[Kind, list[asyncio.Task[None]]] = {}
         self._failing: dict[str, str] = {}  # group/version -> why discovery cannot ask it
@@ -160,6 +163,8 @@ class BackendApiWatch:
             while True:
                 for backend in self.cache.backends.backends:
                     await self._check(backend)
+                    if self.after_check is not None:
+                        await self.after_check(backend)
                 await self.sleep(self.period)
         finally:
             for kind in list(self._watches):

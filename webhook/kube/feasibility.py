@@ -52,13 +52,17 @@ class Judged:
         return message(self.gang, self.fit)
 
 
-def domains_by_node_labels(backend: GangBackend, context: Context) -> bool:
+def domains_by_node_labels(
+    backend: GangBackend, context: Context, topology_kept: bool | None = None
+) -> bool:
     """Whether the backend keeps a gang in one domain of its topology key's node label (then
     that is judged); otherwise only the whole cluster is: Volcano's domains are HyperNodes,
-    and KAI without a Topology ignores the key."""
+    KAI without a Topology ignores the key, and the native backend's constraint is dropped by
+    an API server with `TopologyAwareWorkloadScheduling` off (`topology_kept` False: see
+    `constraints.py`; None, not known, judges it as kept)."""
     if isinstance(backend, KaiBackend):
         return bool(topology_of(context, backend.settings))
-    return backend.name == "native"
+    return backend.name == "native" and topology_kept is not False
 
 
 def mode_of(runtime: Runtime, default: Mode) -> tuple[Mode, str | None]:

@@ -12,7 +12,9 @@ node changes, so a scrape costs a dict lookup per TrainJob):
 * `trainjob_scheduling_feasibility_nodes`, `..._node_shapes`: the nodes summarised, and the
   distinct shapes they collapse into (what a judgement's cost grows with).
 
-With `--feasibility=off`, or before the Nodes are listed, nothing is judged: the counts are 0.
+A native gang with topology is judged over the whole cluster while the API server drops the
+constraint (`kube/constraints.py`). With `--feasibility=off`, or before the Nodes are listed,
+nothing is judged: the counts are 0.
 A runtime's own `trainjob-scheduling.dev/feasibility` annotation is not read here (the plans
 come from the frozen runtime snapshot, which keeps no annotations).
 """
@@ -38,7 +40,8 @@ if TYPE_CHECKING:
 class FeasibilityCollector(Collector):
     def __init__(self, metrics: Metrics, cache: Cache) -> None:
         self.cache = cache
-        self._gangs: dict[tuple[str, str], tuple[PlanLookup, list[Gang]]] = {}
+        # TrainJob -> (the lookup and whether the topology constraint is kept, its gangs)
+        self._gangs: dict[tuple[str, str], tuple[PlanLookup, bool | None, list[Gang]]] = {}
         metrics.registry.register(self)
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
@@ -66,15 +69,16 @@ class FeasibilityCollector(Collector):
         lookup = self.cache.plan_for(namespace, name)
         if lookup.plan is None or lookup.trainjob is None or lookup.runtime is None:
             return None
+        kept = self.cache.topology.kept  # (the API server may drop the constraint)
         memo = self._gangs.get((namespace, name))
-        if memo is not None and memo[0] is lookup:
-            return memo[1]
+        if memo is not None and memo[0] is lookup and memo[1] == kept:
+            return memo[2]
         backend = self.cache.backends.for_plan(lookup.plan)
         if backend is None:
             return None
-        topology = domains_by_node_labels(backend, Context.of(raw))
+        topology = domains_by_node_labels(backend, Context.of(raw), kept)
         gangs, _ = gangs_of(lookup.plan, lookup.runtime.runtime, lookup.trainjob, topology=topology)
-        self._gangs[(namespace, name)] = (lookup, gangs)
+        self._gangs[(namespace, name)] = (lookup, kept, gangs)
         return gangs
 
     def _count(self, counts: dict[tuple[str, str], int]) -> None:

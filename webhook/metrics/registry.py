@@ -51,6 +51,7 @@ HELD_REASONS = (
     "JobSetUnknown",  # its JobSet (the restart attempt) is not in the cache yet
     "RestartAttemptMismatch",  # its restart-attempt label is not its JobSet's attempt
     "TrainJobFinished",  # its TrainJob has finished: its gang was released
+    "TrainJobGone",  # its TrainJob is gone: its JobSet, a TrainJob's, is being collected
     "Other",
 )
 # Why a pod of a TrainJob whose runtime schedules gangs was admitted with no schedulingGroup.

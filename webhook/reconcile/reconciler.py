@@ -35,6 +35,8 @@ from ..core.snapshot import PLAN_VERSION, newer_version, snapshot, snapshot_of
 from ..core.trainer import TrainJob
 from ..core.validation import CheckedRuntime
 from ..kube.cache import Cache, EventType, Key, key_of
+from ..kube.constraints import FIELD as CONSTRAINT
+from ..kube.constraints import created_at, sets_constraint
 from ..kube.events import EventRecorder
 from ..kube.gangpods import LIVE, PENDING
 from ..kube.rest import status_message
@@ -620,12 +622,13 @@ class Reconciler:
                         return Result(self.settings.conflict_retry)
                     if stored is None:
                         return WAIT
-                    _collect_dropped(changes, kind, backend.drift(desired, stored))
+                    self._saw(changes, kind, desired, stored, backend.drift(desired, stored))
                 else:
                     wait = self._check_ours(trainjob, kind, stored, uid, changes)
                     if wait is not None:
                         return wait
                     drift = backend.drift(desired, stored)
+                    self._saw(changes, kind, desired, stored, drift)
                     outcome = await self._apply_drift(trainjob, kind, stored, drift, changes)
                     if outcome is not None:
                         return outcome
@@ -703,7 +706,6 @@ class Reconciler:
         self, trainjob: JsonObject, kind: Kind, stored: JsonObject, drift: Drift, changes: Changes
     ) -> Result | None:
         meta = _meta(stored)
-        _collect_dropped(changes, kind, drift)
         if drift.kind == "patch":
             try:
                 await self.writer.json_patch(
@@ -794,6 +796,28 @@ class Reconciler:
 
     def _owned(self, uid: str) -> bool:
         return any(self.cache.owned(kind, uid) for kind in self.kinds)
+
+    def _saw(
+        self, changes: Changes, kind: Kind, desired: JsonObject, stored: JsonObject, drift: Drift
+    ) -> None:
+        """What the API server stored of one of this TrainJob's gang objects: the fields it
+        dropped (a feature gate is off), and, for an object that asked for a topology
+        constraint, whether it kept it: for the TrainJob's condition, and as evidence for the
+        whole cluster (`kube/constraints.py`), dated by the object's creation."""
+        _collect_dropped(changes, kind, drift)
+        if drift.kind == "recreate" or not sets_constraint(desired):
+            return  # (a recreate's comparison stopped at the first difference)
+        kept = all(name != CONSTRAINT for name, _ in drift.dropped)
+        outcome = changes.outcome
+        if outcome is not None:
+            was = outcome.topology_kept
+            outcome.topology_kept = kept if was is None else was and kept
+        meta = _meta(stored)
+        self.cache.topology.observe(
+            kept,
+            created_at(stored) or self.wall(),
+            f"{kind.kind} {meta.get('namespace')}/{meta.get('name')} as stored",
+        )
 
     def _say_dropped(self, key: Key, trainjob: JsonObject, changes: Changes) -> None:
         """What the API server dropped from this TrainJob's gang objects: in its condition on

@@ -74,6 +74,9 @@ class Outcome:
     lifecycle: cond.Lifecycle = "active"
     blocker: tuple[str, str] | None = None  # (Event reason, note) that stopped it short
     dropped: str | None = None  # FeatureGateOff's note
+    # Whether the API server kept the topology constraint of this TrainJob's gang objects
+    # (None: they set none, or none was looked at; then the cluster's, `kube/constraints.py`).
+    topology_kept: bool | None = None
     plan: Plan | None = None
     backend: GangBackend | None = None
     trainjob: TrainJob | None = None
@@ -320,7 +323,8 @@ class StatusWriter:
 
     def _infeasible(self, raw: Mapping[str, Any], outcome: Outcome) -> str | None:
         """Feasibility's message for a gang that can never fit (its judgements are memoised:
-        a dict lookup until a node changes)."""
+        a dict lookup until a node changes). A gang whose topology constraint the API server
+        dropped is judged over the whole cluster: kube-scheduler places it across domains."""
         plan, backend, trainjob, runtime = (
             outcome.plan, outcome.backend, outcome.trainjob, outcome.runtime
         )  # fmt: skip
@@ -329,7 +333,9 @@ class StatusWriter:
         feasibility = self.cache.feasibility
         if mode_of(runtime.runtime, feasibility.mode)[0] == "off":
             return None
-        topology = domains_by_node_labels(backend, Context.of(raw))
+        kept = outcome.topology_kept
+        kept = self.cache.topology.kept if kept is None else kept
+        topology = domains_by_node_labels(backend, Context.of(raw), kept)
         judged = feasibility.plan(plan, runtime.runtime, trainjob, topology=topology)
         never = next((j for j in judged[0] if not j.fit.fits), None) if judged else None
         return never.message if never is not None else None

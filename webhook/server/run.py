@@ -43,6 +43,7 @@ from ..kube.client import (
     pod_informers,
     uses_pod_token,
 )
+from ..kube.constraints import TopologyProbe
 from ..kube.discovery import BackendApiWatch
 from ..kube.events import EventRecorder
 from ..kube.feasibility import Mode
@@ -154,7 +155,9 @@ class GangReadiness:
     """Readiness at start waits for discovery, and for the objects of every gang kind it found
     served: until they are listed, the pod webhook could tie a pod to a PodGroup it believes
     absent that is Terminating or someone else's. A kind not served waits for nothing (a cluster
-    without Volcano's CRDs is ready).
+    without Volcano's CRDs is ready). It also waits for the first topology probe to answer or
+    fail (`kube/constraints.py`), so the first TrainJob's feasibility knows whether the API
+    server keeps its topology constraint.
 
     Met once, it stays met. A kind served later (a CRD installed, the native API's version
     switched) does not take the replica out of its Service, which would stop the pods of every
@@ -174,13 +177,14 @@ class GangReadiness:
         return checks
 
     def _discovered(self) -> bool:
-        return self._met() or self.cache.discovered()
+        # (and the first topology probe answered or failed: the first TrainJob is judged by it)
+        return self._met() or (self.cache.discovered() and not self.cache.topology.probing)
 
     def _listed(self, store: Store) -> bool:
         return self._met() or store not in self.cache.unlisted_gang_stores()
 
     def _met(self) -> bool:
-        self.met = self.met or self.cache.gangs_listed()
+        self.met = self.met or (self.cache.gangs_listed() and not self.cache.topology.probing)
         return self.met
 
 
@@ -464,6 +468,11 @@ def background(
             lambda kind: counted(kind_informers(api, cache, kind, r.namespaces, restarted)),
             period=r.discovery_period,
             on_change=api_changed,
+            # Whether the API server keeps a gang's topology constraint: a dry-run create where
+            # the service may create PodGroups (the watched namespaces, else its own).
+            after_check=TopologyProbe(
+                api, cache, r.namespaces or (own_namespace(settings.namespace),)
+            ),
         ).run()
     )
     if reconciler is None:

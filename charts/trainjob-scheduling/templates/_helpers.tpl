@@ -265,7 +265,9 @@ serve.watchNamespaces in a Role of each watched namespace (templates/rbac.yaml).
 - apiGroups: [batch]
   resources: [jobs]
   verbs: [patch]
-# The reconciler's objects, per gang backend run (and the gang metrics' watch of them).
+# The reconciler's objects, per gang backend run (and the gang metrics' watch of them). Every
+# replica also creates a PodGroup with dryRun=All (nothing stored): whether the API server keeps
+# a gang's topology constraint.
 {{- if has "native" .Values.serve.backends }}
 - apiGroups: [scheduling.k8s.io]
   resources: [workloads, podgroups]
