@@ -77,6 +77,13 @@ def external_service() -> bool:
     return _flag("E2E_EXTERNAL_SERVICE") in ("1", "true", "yes", "on")
 
 
+def service_user() -> str:
+    """E2E_SERVICE_USER: the deployed service's username (with E2E_EXTERNAL_SERVICE=1), for the
+    writes only the service may make (a newer release's snapshot): the suite impersonates it.
+    Empty when the suite's own service runs as the kubeconfig's user."""
+    return os.environ.get("E2E_SERVICE_USER", "").strip()
+
+
 def keep() -> bool:
     """E2E_KEEP=1: keep namespaces, runtimes and nodes afterwards (webhooks are never kept)."""
     return _flag("E2E_KEEP") in ("1", "true", "yes", "on")
@@ -160,8 +167,11 @@ class Cluster:
         query: dict[str, Any] | None = None,
         content_type: str | None = None,
         request_timeout: float | tuple[float, float] = REQUEST_TIMEOUT,
+        as_user: str = "",
     ) -> Any:
         headers = {"Accept": "application/json"}
+        if as_user:
+            headers["Impersonate-User"] = as_user
         if body is not None:
             headers["Content-Type"] = content_type or "application/json"
         if query:
@@ -184,12 +194,14 @@ class Cluster:
         query: dict[str, Any] | None = None,
         content_type: str | None = None,
         request_timeout: float = REQUEST_TIMEOUT,
+        as_user: str = "",
     ) -> Json:
-        """One request; the JSON answer, or ApiException for an HTTP error (as the typed
-        clients raise it, so `err.status` and `err.body` read the same)."""
+        """One request (as `as_user` when given: impersonated); the JSON answer, or
+        ApiException for an HTTP error (as the typed clients raise it, so `err.status` and
+        `err.body` read the same)."""
         response = self._call(
             method, path, body, query=query, content_type=content_type,
-            request_timeout=request_timeout,
+            request_timeout=request_timeout, as_user=as_user,
         )  # fmt: skip
         read: Any = response.read  # untyped in the client
         raw = read()

@@ -17,8 +17,6 @@ from typing import Any, NoReturn
 import pytest
 
 from .cluster import (
-    TRAINER_GROUP,
-    TRAINER_VERSION,
     Cluster,
     ServerFacts,
     Skip,
@@ -34,6 +32,7 @@ from .cluster import (
 from .objects import TRAINER_STACK_LABEL
 from .recorder import PodRecorder
 from .registration import (
+    LEFTOVERS,
     OWNER_ANNOTATION,
     RUN_LABEL,
     chart_configurations,
@@ -210,15 +209,14 @@ def service(
 
 
 def _sweep_run(cluster: Cluster, run: Run) -> None:
-    """The run's cluster-scoped leftovers (fake nodes, runtimes), by its label."""
+    """The run's cluster-scoped leftovers (fake nodes, runtimes, PriorityClasses, roles), by
+    its label (its namespaces go with their modules)."""
     if keep():
         return
     selector = f"{RUN_LABEL}={run.id}"
-    for group, version, plural in (
-        ("", "v1", "nodes"),
-        (TRAINER_GROUP, TRAINER_VERSION, "clustertrainingruntimes"),
-        ("scheduling.k8s.io", "v1", "priorityclasses"),
-    ):
+    for kind, group, version, plural in LEFTOVERS:
+        if kind == "Namespace":
+            continue
         with contextlib.suppress(Exception):
             for obj in cluster.list_objects(group, version, plural, labels=selector):
                 cluster.delete(group, version, plural, obj["metadata"]["name"])

@@ -11,7 +11,7 @@ from webhook.core.plan import Plan, attempt_of, build_plan, pod_group_for_labels
 from webhook.core.snapshot import PLAN_VERSION
 from webhook.core.trainer import ANCESTOR_LABEL, Runtime, TrainJob
 
-from .cluster import TRAINER_GROUP, TRAINER_VERSION
+from .cluster import JOBSET_GROUP, JOBSET_VERSION, TRAINER_GROUP, TRAINER_VERSION
 
 Json = dict[str, Any]
 
@@ -219,6 +219,38 @@ def trainjob(
     }
 
 
+# --- what is no gang's: plain pods, Jobs and JobSets ------------------------------------------
+
+
+def plain_pod(name: str, pool: str, labels: dict[str, str] | None = None) -> Json:
+    """A bare pod on the pool's nodes (no owner: nothing makes it again)."""
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": {**CREATED_BY, **(labels or {})}},
+        "spec": {**pod_spec(pool, "plain"), "restartPolicy": "Never"},
+    }  # fmt: skip
+
+
+def plain_job(name: str, pool: str) -> Json:
+    """A batch/v1 Job of one pod on the pool's nodes."""
+    return {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": name, "labels": dict(CREATED_BY)},
+        "spec": {"template": {"spec": {**pod_spec(pool, "work"), "restartPolicy": "Never"}}},
+    }  # fmt: skip
+
+
+def plain_jobset(name: str, pool: str, pods: int = 2) -> Json:
+    """A JobSet of no TrainJob: one Job of `pods` pods on the pool's nodes."""
+    job = replicated_job("worker", pool, container="worker", parallelism=pods)
+    job["template"]["spec"]["template"]["spec"]["restartPolicy"] = "Never"
+    return {
+        "apiVersion": f"{JOBSET_GROUP}/{JOBSET_VERSION}", "kind": "JobSet",
+        "metadata": {"name": name, "labels": dict(CREATED_BY)},
+        "spec": {"replicatedJobs": [{**job, "replicas": 1}]},
+    }  # fmt: skip
+
+
 # --- nodes --------------------------------------------------------------------------------------
 
 
@@ -289,6 +321,16 @@ def planned_pod_group(plan: Plan, labels: dict[str, str]) -> str | None:
     attempt = attempt_of(labels)
     assert attempt is not None, f"restart-attempt label not a count: {labels}"
     return pod_group_for_labels(plan.at_attempt(attempt), labels)
+
+
+def uid(obj: Json) -> str:
+    return str(obj["metadata"]["uid"])
+
+
+def placement(pods: list[Json]) -> dict[str, str]:
+    """Each pod's node, by the pod's uid: a running gang that moved (a pod deleted and made
+    again, or bound elsewhere) compares unequal."""
+    return {uid(p): str(p["spec"].get("nodeName")) for p in pods}
 
 
 def controller_of(obj: Json) -> Json | None:

@@ -33,6 +33,10 @@ class PodRecord:
     phase: str = ""
     deleted: bool = False
     created: str = ""
+    # time.monotonic() when the watch first showed it, bound, and deleted
+    seen_at: float = field(default_factory=time.monotonic)
+    bound_at: float | None = None
+    deleted_at: float | None = None
 
     @property
     def trainjob(self) -> str | None:
@@ -142,9 +146,11 @@ class PodRecorder:
                 self.pods[uid] = record
             if spec.get("nodeName"):
                 record.node = str(spec["nodeName"])
+                if record.bound_at is None:
+                    record.bound_at = time.monotonic()
             record.phase = str((pod.get("status") or {}).get("phase") or record.phase)
-            if kind == "DELETED":
-                record.deleted = True
+            if kind == "DELETED" and not record.deleted:
+                record.deleted, record.deleted_at = True, time.monotonic()
         jobset_uid = record.labels.get(JOBSET_UID)
         if jobset_uid and jobset_uid not in self.jobset_owner and record.trainjob:
             self._learn_jobset(record.trainjob, jobset_uid)
@@ -188,6 +194,7 @@ class CreationCounter:
     cluster: Cluster
     path: str
     added: list[tuple[str, str]] = field(default_factory=list)  # (name, uid)
+    added_at: dict[str, float] = field(default_factory=dict)  # uid -> time.monotonic() seen
     deleted: list[tuple[str, str]] = field(default_factory=list)
     watcher: Watcher | None = None
     counting: bool = False
@@ -203,6 +210,7 @@ class CreationCounter:
             entry = (str(meta.get("name")), str(meta.get("uid")))
             if kind == "ADDED":
                 self.added.append(entry)
+                self.added_at[entry[1]] = time.monotonic()
             elif kind == "DELETED":
                 self.deleted.append(entry)
 

@@ -234,6 +234,8 @@ LEFTOVERS = (
     ("Node", "", "v1", "nodes"),
     ("ClusterTrainingRuntime", "trainer.kubeflow.org", "v1alpha1", "clustertrainingruntimes"),
     ("PriorityClass", "scheduling.k8s.io", "v1", "priorityclasses"),
+    ("ClusterRole", "rbac.authorization.k8s.io", "v1", "clusterroles"),  # identity.py
+    ("ClusterRoleBinding", "rbac.authorization.k8s.io", "v1", "clusterrolebindings"),
 )
 
 

@@ -41,10 +41,12 @@ from .objects import (
     CREATED_BY,
     IMAGE,
     fake_node,
+    level1,
     min_count,
     node_status,
     plan_for,
     planned_pod_group,
+    trainjob,
 )
 from .recorder import JOBSET_NAME, JOBSET_UID, PodRecord, PodRecorder
 from .registration import OWNER_ANNOTATION, RUN_LABEL, owner
@@ -52,6 +54,7 @@ from .service import Service, total
 
 T = TypeVar("T")
 UNTIED_METRIC = "trainjob_scheduling_pods_untied_total"
+HELD_METRIC = "trainjob_scheduling_pods_held_total"  # by reason (webhook/metrics/registry.py)
 
 
 @dataclass
@@ -146,6 +149,20 @@ class Scenario:
         return self.cluster.create(
             TRAINER_GROUP, TRAINER_VERSION, "trainjobs", body, self.namespace
         )
+
+    def start_gang(self, pool: Pool, name: str, runtime_obj: Json | None = None) -> Plan:
+        """A running gang: a level-1 TrainJob of 4 pods (3 nodes and a param-server, on two
+        4-CPU nodes added to the pool when it has none) or of `runtime_obj`, all bound, its
+        condition True/Scheduled. Its plan."""
+        if not pool.nodes:
+            pool.add(2, cpu=4)
+        stored = self.apply_runtime(runtime_obj or level1(name, pool.name, self.namespace))
+        self.create_trainjob(trainjob(name, self.namespace, stored, num_nodes=3))
+        plan = self.frozen_plan(name)
+        self.gang_objects(plan)
+        self.wait_bound(name, 4)
+        self.wait_condition(name, "True", "Scheduled")
+        return plan
 
     def trainjob(self, name: str) -> Json | None:
         return self.cluster.get(TRAINER_GROUP, TRAINER_VERSION, "trainjobs", name, self.namespace)
@@ -351,6 +368,27 @@ class Scenario:
             and (reason is None or e.get("reason") == reason)
         ]  # fmt: skip
 
+    def failed_creates(self, trainjob: str) -> list[str]:
+        """The messages of the Job controller's FailedCreate Events on the TrainJob's Jobs (a
+        pod creation denied: held, or refused while the service was down)."""
+        return [
+            str(e.get("message"))
+            for e in self.cluster.list_objects("", "v1", "events", self.namespace)
+            if e.get("reason") == "FailedCreate"
+            and (e.get("involvedObject") or {}).get("kind") == "Job"
+            and str((e.get("involvedObject") or {}).get("name")).startswith(f"{trainjob}-")
+        ]  # fmt: skip
+
+    def metric(self, name: str, **labels: str) -> float | None:
+        """The sum of the samples of `name` carrying these labels on the service's /metrics;
+        None when the suite cannot read them (a deployed service)."""
+        samples = self.service.metrics()
+        return None if samples is None else total(samples, name, **labels)
+
+    def held_count(self, reason: str) -> float | None:
+        """Pod creations the service held (denied) for `reason`, so far."""
+        return self.metric(HELD_METRIC, reason=reason)
+
     def untied_count(self) -> float:
         samples = self.service.metrics()
         assert samples is not None and any(name == UNTIED_METRIC for name, _ in samples), (
@@ -450,6 +488,27 @@ class Scenario:
             return True
 
         self.wait(check, f"the Workload and PodGroups removed: {why}", seconds)
+
+    def absent(self, plan: Plan, why: str, seconds: float | None = None) -> None:
+        """Waits until the Workload and PodGroups of `plan` are gone from the API server: not
+        Terminating (a finalizer, such as podgroup-protection, kept), gone."""
+
+        def check() -> bool:
+            left = [
+                f"{kind} {obj['metadata']['name']} (deleting since "
+                f"{obj['metadata'].get('deletionTimestamp')}, finalizers "
+                f"{obj['metadata'].get('finalizers')})"
+                for kind, obj in [
+                    ("Workload", self.workload(plan.workload_name)),
+                    *(("PodGroup", self.pod_group(g.pod_group_name)) for g in plan.groups),
+                ]
+                if obj is not None
+            ]
+            if left:
+                raise NotYet(", ".join(left) + " still there")
+            return True
+
+        self.wait(check, f"the Workload and PodGroups gone: {why}", seconds)
 
     def cleanup(self) -> None:
         """The module's namespace deleted (with everything in it), its pods waited for (the

@@ -16,6 +16,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -102,8 +103,9 @@ class LocalService(Service):
             "--log-level=info",
         ]  # fmt: skip
 
-    def start(self) -> None:
-        """Starts the process and waits for /readyz (the watches listed)."""
+    def start(self, wait_ready: bool = True) -> None:
+        """Starts the process and waits for /readyz (the watches listed), unless not
+        `wait_ready` (then only for its health port to answer)."""
         assert self.process is None or self.process.poll() is not None, "already running"
         if not self.ca_file.exists():
             self.cert_dir.mkdir(parents=True, exist_ok=True)
@@ -127,12 +129,23 @@ class LocalService(Service):
                 raise AssertionError(
                     f"the service exited with code {self.process.returncode}\n{self.describe()}"
                 )
-            with contextlib.suppress(httpx.HTTPError):
-                url = f"http://127.0.0.1:{self.health_port}/readyz"
-                if httpx.get(url, timeout=2).status_code == 200:
-                    return
+            if self.ready() or (not wait_ready and self.answers()):
+                return
             time.sleep(0.2)
         raise AssertionError(f"the service never became ready\n{self.describe()}")
+
+    def _probe(self, path: str) -> int | None:
+        with contextlib.suppress(httpx.HTTPError):
+            return httpx.get(f"http://127.0.0.1:{self.health_port}{path}", timeout=2).status_code
+        return None
+
+    def ready(self) -> bool:
+        """Whether /readyz says ready."""
+        return self._probe("/readyz") == 200
+
+    def answers(self) -> bool:
+        """Whether the process serves its probes (/healthz), ready or not."""
+        return self._probe("/healthz") == 200
 
     def identity(self) -> tuple[str, str] | None:
         """(username, where the service learnt it) from its log line saying who may write
@@ -165,6 +178,21 @@ class LocalService(Service):
             return self.log_file.read_text(errors="replace")
         except OSError:
             return ""
+
+    def log_mark(self) -> int:
+        """Where the log ends now: `log_records(since=...)` reads what comes after."""
+        return len(self.log_text())
+
+    def log_records(self, since: int = 0) -> list[dict[str, Any]]:
+        """The structured (JSON) log lines written after `since`, parsed."""
+        found = []
+        for line in self.log_text()[since:].split("\n"):
+            if line.startswith("{"):
+                with contextlib.suppress(ValueError):
+                    record = json.loads(line)
+                    if isinstance(record, dict):
+                        found.append(record)
+        return found
 
     def log_tail(self, lines: int = LOG_LINES) -> str:
         return "\n".join(self.log_text().rstrip("\n").split("\n")[-lines:])
@@ -199,6 +227,12 @@ def _die_with_parent() -> None:
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
 
 
-def total(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] | None, name: str) -> float:
-    """The sum of a metric's samples over every label set (0 when absent)."""
-    return sum(value for (sample, _), value in (samples or {}).items() if sample == name)
+def total(
+    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] | None, name: str, **labels: str
+) -> float:
+    """The sum of a metric's samples over every label set that has `labels` (0 when absent)."""
+    return sum(
+        value
+        for (sample, found), value in (samples or {}).items()
+        if sample == name and labels.items() <= dict(found).items()
+    )

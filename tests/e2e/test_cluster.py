@@ -37,6 +37,7 @@ from .objects import (
     template_ref,
     trainjob,
     trainjob_owner,
+    uid,
 )
 from .scenario import Scenario
 
@@ -53,10 +54,6 @@ class Gang:
     plan: Plan
     workload: Json
     pod_group: Json
-
-
-def uid(obj: Json) -> str:
-    return str(obj["metadata"]["uid"])
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,8 @@ import time
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from .cluster import JSON_PATCH, SCHEDULING_GROUP, Json, NotYet
-from .objects import level1, level2_torchtune, min_count, trainjob
+from .cluster import JSON_PATCH, SCHEDULING_GROUP, NotYet
+from .objects import level2_torchtune, min_count, placement, trainjob, uid
 from .scenario import Pool, Scenario
 
 pytestmark = pytest.mark.e2e
@@ -20,23 +20,11 @@ pytestmark = pytest.mark.e2e
 RJ = "jobset.sigs.k8s.io/replicatedjob-name"
 
 
-def uid(obj: Json) -> str:
-    return str(obj["metadata"]["uid"])
-
-
-def placement(pods: list[Json]) -> dict[str, str]:
-    return {uid(p): str(p["spec"].get("nodeName")) for p in pods}
-
-
 def test_a_changed_min_count_is_put_back_and_the_gang_kept(scenario: Scenario, pool: Pool) -> None:
-    pool.add(2, cpu=4)
-    stored = scenario.apply_runtime(level1("mincount", pool.name, scenario.namespace))
-    scenario.create_trainjob(trainjob("mincount", scenario.namespace, stored, num_nodes=3))
-    plan = scenario.frozen_plan("mincount")
+    plan = scenario.start_gang(pool, "mincount")
     (group,) = plan.groups
     workload, pod_group = scenario.gang_objects(plan)
-    pods = scenario.wait_bound("mincount", 4)
-    scenario.wait_condition("mincount", "True", "Scheduled")
+    pods = scenario.pods("mincount")
     version = scenario.cluster.scheduling_version
     try:
         scenario.cluster.patch(
@@ -107,13 +95,9 @@ def test_a_pod_group_deleted_before_its_pods_exist_is_made_again(
 def test_a_workload_deleted_under_a_running_gang_is_made_again(
     scenario: Scenario, pool: Pool
 ) -> None:
-    pool.add(2, cpu=4)
-    stored = scenario.apply_runtime(level1("rewl", pool.name, scenario.namespace))
-    scenario.create_trainjob(trainjob("rewl", scenario.namespace, stored, num_nodes=3))
-    plan = scenario.frozen_plan("rewl")
+    plan = scenario.start_gang(pool, "rewl")
     workload, pod_group = scenario.gang_objects(plan)
-    pods = scenario.wait_bound("rewl", 4)
-    scenario.wait_condition("rewl", "True", "Scheduled")
+    pods = scenario.pods("rewl")
     assert scenario.cluster.delete(
         SCHEDULING_GROUP, scenario.cluster.scheduling_version, "workloads", plan.workload_name,
         scenario.namespace,

@@ -25,7 +25,7 @@ from webhook.backends.native import GATES
 
 from .cluster import SCHEDULING_GROUP, Json, NotYet, api_path, probe_dropped_fields
 from .conftest import NOTES
-from .objects import CREATED_BY, ZONE, level1, pod_spec, trainjob
+from .objects import CREATED_BY, ZONE, level1, pod_spec, trainjob, uid
 from .recorder import CreationCounter, Watcher
 from .registration import RUN_LABEL
 from .scenario import Pool, Scenario, describe_pods
@@ -34,10 +34,6 @@ pytestmark = pytest.mark.e2e
 
 OBSERVE = 30.0  # seconds a converged gang is watched for re-creations
 DROPPED_METRIC = "trainjob_scheduling_gang_fields_dropped"
-
-
-def uid(obj: Json) -> str:
-    return str(obj["metadata"]["uid"])
 
 
 def test_the_gang_objects_are_written_in_the_served_version(scenario: Scenario, pool: Pool) -> None:

@@ -14,11 +14,9 @@ import time
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from webhook.core.plan import Plan
-
 from .cluster import JSON_PATCH, Json, NotYet
 from .conftest import NOTES
-from .objects import level1, replicated_job, runtime, trainjob
+from .objects import level1, replicated_job, runtime, trainjob, uid
 from .recorder import JOBSET_UID
 from .scenario import Pool, Scenario, describe_pods
 
@@ -28,25 +26,8 @@ ATTEMPT = "jobset.sigs.k8s.io/restart-attempt"
 LOOP_WATCH = 10.0  # seconds a foreground delete that Trainer keeps alive is watched
 
 
-def uid(obj: Json) -> str:
-    return str(obj["metadata"]["uid"])
-
-
-def running(scenario: Scenario, pool: Pool, name: str, runtime_obj: Json | None = None) -> Plan:
-    """A level-1 TrainJob of 4 pods (3 nodes + a param-server), all bound, condition True."""
-    if not pool.nodes:
-        pool.add(2, cpu=4)
-    stored = scenario.apply_runtime(runtime_obj or level1(name, pool.name, scenario.namespace))
-    scenario.create_trainjob(trainjob(name, scenario.namespace, stored, num_nodes=3))
-    plan = scenario.frozen_plan(name)
-    scenario.gang_objects(plan)
-    scenario.wait_bound(name, 4)
-    scenario.wait_condition(name, "True", "Scheduled")
-    return plan
-
-
 def test_suspend_and_resume_a_running_gang(scenario: Scenario, pool: Pool) -> None:
-    plan = running(scenario, pool, "pause")
+    plan = scenario.start_gang(pool, "pause")
     workload, pod_group = scenario.gang_objects(plan)
     old = frozenset({uid(workload), uid(pod_group)})
     scenario.set_suspend("pause", True)
@@ -64,7 +45,7 @@ def test_suspend_and_resume_a_running_gang(scenario: Scenario, pool: Pool) -> No
 
 
 def test_delete_and_apply_again_under_the_same_name(scenario: Scenario, pool: Pool) -> None:
-    first = running(scenario, pool, "again")
+    first = scenario.start_gang(pool, "again")
     old_uid = uid(scenario.trainjob("again") or {"metadata": {"uid": ""}})
     assert scenario.delete_trainjob("again")
     scenario.wait(lambda: scenario.trainjob("again") is None, "the TrainJob deleted")
@@ -122,7 +103,7 @@ def test_a_jobset_restart_is_a_new_gang_tied_to_the_new_attempt(
         namespace=scenario.namespace,
         jobset={"failurePolicy": {"maxRestarts": 3}},
     )
-    plan = running(scenario, pool, "restart", body)
+    plan = scenario.start_gang(pool, "restart", body)
     victim = scenario.pods("restart")[0]
     scenario.set_pod_status([victim], "Failed")
     restarted = plan.at_attempt(1)
@@ -158,17 +139,21 @@ def test_a_foreground_delete_never_admits_a_pod_loose(
 
     Trainer (8c0f5059, the harness's) does not look at a TrainJob's deletionTimestamp: it makes
     the JobSet again each time the garbage collector deleted it, so the foreground delete never
-    ends on its own. The test watches that loop for a while (the service must hold every pod it
-    brings), then takes the foregroundDeletion finalizer off to end it, and says so."""
+    ends on its own. The test watches that loop for a while: every pod it brings is held (the
+    Jobs' FailedCreate Events say `SchedulingBlocked: ... the TrainJob is being deleted`, and
+    `trainjob_scheduling_pods_held_total{reason="TrainJobDeleting"}` counts them), none is
+    admitted, let alone bound; then the test takes the foregroundDeletion finalizer off to end
+    it, and says so."""
     name = f"fg-{when}"
     if when == "running":
-        plan = running(scenario, pool, name)
+        plan = scenario.start_gang(pool, name)
     else:
         pool.add(2, cpu=4)
         stored = scenario.apply_runtime(level1(name, pool.name, scenario.namespace))
         scenario.create_trainjob(trainjob(name, scenario.namespace, stored, num_nodes=3))
         plan = scenario.frozen_plan(name)
         scenario.wait(lambda: scenario.pods(name) or None, f"the first pod of {name}")
+    held_before = scenario.held_count("TrainJobDeleting")
     assert scenario.delete_trainjob(name, propagation="Foreground")
     deleting = scenario.trainjob(name)
     since = str((deleting or {}).get("metadata", {}).get("deletionTimestamp") or "")
@@ -186,6 +171,7 @@ def test_a_foreground_delete_never_admits_a_pod_loose(
     outcome = scenario.wait(ended_or_looping, f"TrainJob {name} deleted (foreground)")
     if outcome == "looping":
         time.sleep(LOOP_WATCH)  # the loop goes on; every pod it brings must be held
+        _held_for_the_deletion(scenario, name, held_before)
         NOTES.append(
             f"{name}: Trainer makes the JobSet again under a TrainJob being deleted in the "
             "foreground (it never ends on its own); the test took the foregroundDeletion "
@@ -202,3 +188,21 @@ def test_a_foreground_delete_never_admits_a_pod_loose(
     scenario.assert_tied(name)
     late = [r.name for r in scenario.recorder.of(name) if since and r.created > since]
     assert not late, f"pods admitted after the TrainJob's deletion began ({since}): {late}"
+
+
+def _held_for_the_deletion(scenario: Scenario, name: str, before: float | None) -> None:
+    """The pods the Job controller made for the deleting TrainJob were held (denied: 403
+    SchedulingBlocked, the Job says FailedCreate) as `TrainJobDeleting`, and counted."""
+
+    def said() -> list[str]:
+        found = [m for m in scenario.failed_creates(name) if "SchedulingBlocked" in m]
+        if not any("the TrainJob is being deleted" in m for m in found):
+            raise NotYet(f"FailedCreate Events of its Jobs: {scenario.failed_creates(name)}")
+        return found
+
+    scenario.wait(said, f"the Jobs of {name} say their pods were held for the deletion")
+    held = scenario.held_count("TrainJobDeleting")
+    if held is not None and before is not None:
+        assert held > before, (
+            f"trainjob_scheduling_pods_held_total{{reason=TrainJobDeleting}} stayed at {held}"
+        )
