@@ -7,7 +7,7 @@ SAMPLES := webhook/samples
 CERT_DIR ?= certs
 SERVE_ARGS ?=
 
-.PHONY: setup test lint format typecheck unit docs docs-serve run certs plan bench prometheus image lock stamp release clean e2e e2e-matrix
+.PHONY: setup test lint format typecheck unit docs docs-serve run certs plan bench prometheus image lock stamp release clean e2e e2e-chart e2e-matrix bench-e2e
 
 setup: $(VENV)/.installed
 
@@ -80,6 +80,15 @@ e2e: setup
 	@E2E=1 E2E_KUBECONFIG='$(E2E_KUBECONFIG)' $(PY) -m pytest tests/e2e -v $(E2E_ARGS); rc=$$?; \
 		E2E_KUBECONFIG='$(E2E_KUBECONFIG)' $(PY) -m tests.e2e.registration; exit $$rc
 
+## e2e-chart: the chart installed in the cluster with Helm (on the harness: on its real node,
+## with the image node/build-images.sh built), `helm test`, then the e2e suite against that
+## service (E2E_EXTERNAL_SERVICE=1), then `helm uninstall`, checked (tools/e2e_chart.py).
+## E2E_CHART_VALUES: a values file merged over the harness's.
+E2E_CHART_VALUES ?=
+e2e-chart: setup
+	@test -n "$(E2E_KUBECONFIG)" || { echo "error: no cluster: set KUBECONFIG, or start the harness (its kubeconfig: $(HARNESS_KUBECONFIG))" >&2; exit 1; }
+	$(PY) -m tools.e2e_chart --kubeconfig '$(E2E_KUBECONFIG)' $(if $(E2E_CHART_VALUES),--values $(E2E_CHART_VALUES)) -- $(E2E_ARGS)
+
 ## e2e-matrix: make e2e on each harness configuration (tools/e2e_matrix.py: default, gates
 ## off, WorkloadWithJob, 1.36), the harness put back to the default after; results appended to
 ## $(E2E_MATRIX_RESULTS). MATRIX=a,b: only those.
@@ -87,6 +96,19 @@ E2E_MATRIX_RESULTS ?= build/e2e-matrix-results.md
 MATRIX ?= a,b,c,d
 e2e-matrix: setup
 	$(PY) -m tools.e2e_matrix --configs $(MATRIX) --results $(E2E_MATRIX_RESULTS)
+
+## bench-e2e: figures on a real control plane (tools/bench_e2e; prints numbers, not a test):
+## A, a gang's time to bound after a disturbance beyond kube-scheduler's own (resume with old
+## pods terminating, the reconciler away 15 s, the service down 30 s, a JobSet restart, a
+## re-apply), BENCH_E2E_ROUNDS rounds each; B, BENCH_E2E_SIZES TrainJobs: the service's RSS
+## and CPU, TrainJob -> PodGroup and pod admission p99, the growth per TrainJob. Written to
+## build/bench-e2e.md (and .json). On the shared harness: flock /tmp/harness.lock make bench-e2e.
+BENCH_E2E_ROUNDS ?= 6
+BENCH_E2E_SIZES ?= 100,1000
+BENCH_E2E_ARGS ?=
+bench-e2e: setup
+	@test -n "$(E2E_KUBECONFIG)" || { echo "error: no cluster: set KUBECONFIG, or start the harness (its kubeconfig: $(HARNESS_KUBECONFIG))" >&2; exit 1; }
+	$(PY) -m tools.bench_e2e --kubeconfig '$(E2E_KUBECONFIG)' --rounds $(BENCH_E2E_ROUNDS) --sizes $(BENCH_E2E_SIZES) --out build $(BENCH_E2E_ARGS)
 
 ## bench: speed and memory figures (prints numbers; not a test): the planning core, then
 ## concurrent HTTPS reviews against the service and against a bare uvicorn app, the
