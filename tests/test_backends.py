@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import copy
 from pathlib import Path
 from typing import Any
@@ -482,6 +483,21 @@ def test_a_stood_down_trainjobs_pods_are_not_tied(tmp_path: Path) -> None:
         response = client.post(POD_PATH, content=orjson.dumps(pod_review())).json()["response"]
         assert response["allowed"] is True  # admitted without a group: another controller's
         assert "patch" not in response and "warnings" not in response
+        # A group the other controller named, its PodGroup not in this replica's cache yet:
+        # kept (removing it would run the pod loose, outside that controller's gang).
+        theirs = pod_review()
+        theirs["request"]["object"]["spec"]["schedulingGroup"] = {"podGroupName": "kueue-pg"}
+        response = client.post(POD_PATH, content=orjson.dumps(theirs)).json()["response"]
+        assert response["allowed"] is True and "patch" not in response
+        # A group this service's plan names (its Job webhook's, before the gang stood down):
+        # no object will ever have it, so it is taken off.
+        ours = pod_review()
+        name = naming.workload_name(NS, "my-job", str(uid))
+        ours["request"]["object"]["spec"]["schedulingGroup"] = {"podGroupName": name}
+        response = client.post(POD_PATH, content=orjson.dumps(ours)).json()["response"]
+        assert response["allowed"] is True, response
+        patch = orjson.loads(base64.b64decode(response["patch"]))
+        assert patch == [{"op": "remove", "path": "/spec/schedulingGroup"}]
 
 
 # --- plan --backend ---------------------------------------------------------------------------

@@ -320,7 +320,7 @@ def test_a_pod_of_a_deleted_trainjobs_jobset_is_held(server: RunningServer) -> N
     """Trainer can make a TrainJob's JobSet again just before a foreground delete ends (seen on
     a real control plane); its Jobs then make pods whose TrainJob is gone. A plain JobSet's pods
     pass: only the gang label its runtime stamps, or a JobSet a TrainJob controls, say it was a
-    TrainJob's. Held, never admitted loose."""
+    TrainJob's (the label only while the JobSet is not cached). Held, never admitted loose."""
     cache = server.cache
     uid = str(trainjob_raw(cache)["metadata"]["uid"])
     cache.trainjobs.replace([])
@@ -334,6 +334,15 @@ def test_a_pod_of_a_deleted_trainjobs_jobset_is_held(server: RunningServer) -> N
         assert tied_to(answer(client, plain)) is None  # a plain JobSet of the name
         cache.jobsets.replace([jobset(uid, restarts=0)])  # the orphan JobSet, still cached
         held(answer(client, plain), f'TrainJob "{NAME}" is gone')
+        # A JobSet no TrainJob controls (made from a runtime's template, or orphaned by
+        # `--cascade=orphan`): its owner, not a label anyone can copy, decides. Passed.
+        orphan = jobset(uid, restarts=0)
+        orphan["metadata"].pop("ownerReferences")
+        cache.jobsets.replace([orphan])
+        assert tied_to(answer(client, review())) is None
+        labelled = review()
+        labelled["request"]["object"]["metadata"]["labels"][GANG_LABEL] = "true"
+        assert tied_to(answer(client, labelled)) is None
 
 
 @pytest.mark.asyncio

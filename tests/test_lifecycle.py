@@ -353,6 +353,32 @@ async def test_a_gang_in_use_is_never_deleted_whatever_names_the_plan_moves_to(
         assert pod_group(s.k, old) is None
 
 
+async def test_a_leader_whose_pod_watch_has_not_listed_deletes_no_gang(tmp_path: Path) -> None:
+    """A new leader that has not listed pods yet cannot tell "no pods" from "not seen yet": the
+    plan's names moved on, and the old run's PodGroup and Workload stay untouched until the pod
+    watch has listed (then they stay because its pods run)."""
+    async with cluster(tmp_path) as (s, jobs):
+        uid, first = await a_running_gang(s, jobs)
+        old = first["metadata"]["name"]
+        workload = first["spec"]["workloadRef"]["workloadName"]
+        pods = [s.pods.trim(o.raw) for (r, _, _), o in list(s.k.objects.items()) if r == PODS]
+        s.pods.replace([])  # as a replica that just took the lead: nothing seen yet,
+        s.pods.synced = False  # its pod list under way
+        moved = await patch(s.k, TRAINJOBS, NS, NAME, {"spec": {"x-bump": 1}})
+        run = naming.workload_name(NS, NAME, f"{uid}/run/{moved['metadata']['generation']}")
+        s.reconciler.resync()
+        await asyncio.sleep(1)  # passes enough to have deleted the old run, were it going
+        for kind, name in ((POD_GROUPS, old), (WORKLOADS, workload)):
+            still = stored(s.k, kind, name)
+            assert still is not None and not still["metadata"].get("deletionTimestamp"), name
+        s.pods.replace(pods)  # listed: its pods are there
+        s.reconciler.resync()
+        await eventually(lambda: live_pod_group(s.k, run), "the new run's PodGroup made")
+        await asyncio.sleep(0.5)
+        still = stored(s.k, POD_GROUPS, old)
+        assert still is not None and not still["metadata"].get("deletionTimestamp")
+
+
 def jobset_of(trainjob_uid: str, restarts: int) -> dict[str, Any]:
     """The TrainJob's JobSet as its watch brings it (trimmed: owner and restart attempt)."""
     owner = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "name": NAME,

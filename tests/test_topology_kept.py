@@ -141,7 +141,7 @@ def test_which_objects_ask_for_a_topology_constraint() -> None:
 
 @pytest.mark.asyncio
 async def test_a_dry_run_create_learns_it_and_stores_nothing() -> None:
-    now = [1000.0]
+    now = [time.time()]  # the answers are dated by the server (creationTimestamp): real time
     async with emulator() as (k, url), api_client(url) as api:
         cache = Cache(connected=True)
         native = native_of(cache)

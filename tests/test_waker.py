@@ -30,6 +30,7 @@ from webhook.kube.gangpods import GangPods
 from webhook.kube.lacking import lacking
 from webhook.kube.metered import MeteredApiClient
 from webhook.kube.waker import WAKE_ANNOTATION, HeldPod, JobWaker, WakerSettings
+from webhook.server.run import wake_when_frozen_late
 
 NS, NAME = "team-a", "my-job"
 JOB = "my-job-node-0"
@@ -145,9 +146,11 @@ def test_what_is_remembered_is_bounded() -> None:
 
 def test_a_hold_that_can_no_longer_end_in_a_tie_is_forgotten_and_namespaces_are_capped() -> None:
     gone = {"yes": False}
+    clock = Clock()
     waker = JobWaker(
-        None, lambda _: True, WakerSettings(max_per_namespace=2), moot=lambda _: gone["yes"]
-    )
+        None, lambda _: True, WakerSettings(max_per_namespace=2), moot=lambda _: gone["yes"],
+        clock=clock,
+    )  # fmt: skip
     waker.held(held_pod("a"))
     waker.held(held_pod("b"))
     waker.held(held_pod("c"))  # its namespace has as many as it may
@@ -158,7 +161,30 @@ def test_a_hold_that_can_no_longer_end_in_a_tie_is_forgotten_and_namespaces_are_
     assert len(waker) == 3  # still held, still remembered
     gone["yes"] = True  # its TrainJob deleted, say
     asyncio.run(waker.round())
+    assert len(waker) == 3  # not yet: the cache may lag a resume
+    clock.now += 31  # no pod of those Jobs held for 31 s
+    asyncio.run(waker.round())
     assert len(waker) == 0 and waker.oldest() == 0.0
+
+
+def test_a_hold_moot_only_in_a_lagging_cache_is_woken_once_it_catches_up() -> None:
+    """A resume the cache has not seen yet: the pods are held TrainJobSuspended and the hold
+    looks moot (suspended); a moment later the cache has the resume and the Job is judged and
+    woken (the clock never passes the grace), not forgotten to the Job controller's backoff."""
+    state = {"suspended": True}
+    judged: list[str] = []
+
+    def judge(pod: HeldPod) -> bool:
+        judged.append(pod.job)
+        return state["suspended"]
+
+    waker = JobWaker(None, judge, moot=lambda _: state["suspended"], clock=Clock())
+    waker.held(held_pod("a"))
+    asyncio.run(waker.round())
+    assert len(waker) == 1 and judged == []  # moot for now, kept through the grace
+    state["suspended"] = False  # the watch brings the resume
+    asyncio.run(waker.round())
+    assert judged == ["a"] and len(waker) == 0  # judged tied now: woken (no API here)
 
 
 def test_only_a_pod_its_job_owns_is_remembered() -> None:
@@ -179,8 +205,10 @@ def test_what_makes_a_hold_moot() -> None:
     cache = fixture_cache()
     pod = held_pod()
     assert not hold_is_moot(pod, cache)
-    gone = HeldPod(NS, JOB, "no-such-trainjob", {}, None, "TrainJobNotCached")
-    assert hold_is_moot(gone, cache)  # the cache has listed: it is not coming
+    gone = HeldPod(NS, JOB, "no-such-trainjob", {}, None, "TrainJobGone")
+    assert hold_is_moot(gone, cache)  # the API server said 404 and the cache has listed
+    lagging = HeldPod(NS, JOB, "no-such-trainjob", {}, None, "TrainJobNotCached")
+    assert not hold_is_moot(lagging, cache)  # the API server has it: a watch lags, a fault
     entry = cache.trainjobs.get(NS, NAME)
     assert entry is not None
     suspended = copy.deepcopy(entry.raw)
@@ -248,3 +276,30 @@ def test_a_replica_that_starts_wakes_the_jobs_that_lack_pods() -> None:
         many.append(pod)
     pods.replace([pods.trim(p) for p in many])  # (as the informer lists them)
     assert list(lacking(cache, pods)) == []
+
+
+def test_a_trainjob_frozen_late_has_its_jobs_woken_when_its_snapshot_comes() -> None:
+    """Created while no replica answered: at start its Jobs were not known to be a gang's (no
+    snapshot), so the sweep passed them; when the reconciler's snapshot reaches the cache, its
+    Jobs that lack pods are given to the waker, and they would be tied. A TrainJob that came
+    frozen (the mutating webhook froze it at its creation) gives none."""
+    cache = fixture_cache()
+    entry = cache.trainjobs.get(NS, NAME)
+    assert entry is not None
+    frozen_raw = copy.deepcopy(entry.raw)
+    unfrozen(cache)
+    pods = GangPods()
+    pods.replace([])
+    waker = JobWaker(None, lambda pod: would_hold(pod, cache), clock=Clock())
+    wake_when_frozen_late(cache, pods, waker)
+    assert list(lacking(cache, pods)) == []  # the sweep at start: not a gang's yet
+    cache.trainjobs.apply("MODIFIED", frozen_raw)  # the reconciler's snapshot, watched
+    assert len(waker) == 1
+    (held,) = list(lacking(cache, pods))
+    assert (held.job, held.reason) == (JOB, "ServiceAway") and not would_hold(held, cache)
+    asyncio.run(waker.round())
+    assert len(waker) == 0  # judged tied: woken (no API here)
+    again = copy.deepcopy(frozen_raw)
+    again["metadata"]["labels"] = {"touched": "yes"}
+    cache.trainjobs.apply("MODIFIED", again)  # frozen already: nothing more
+    assert len(waker) == 0

@@ -191,9 +191,9 @@ class PartA:
         self.sc(key).create_trainjob(body)
         return time.monotonic()
 
-    def wait_running(self, key: str, name: str, since: float, phase: bool = False) -> None:
-        """Until the TrainJob's 4 pods created after `since` are bound (and Running, with
-        `phase`: on the real node)."""
+    def bound_gang(self, key: str, name: str, since: float) -> list[PodSeen]:
+        """Waits until the TrainJob's 4 live pods created after `since` are all bound (the
+        timeline, polled every 50 ms); returns them."""
         ns = self.session.namespace(key)
         deadline = time.monotonic() + ROUND_DEADLINE
         while True:
@@ -203,10 +203,15 @@ class PartA:
                 if p.added >= since and p.deleting is None
             ]
             if len(pods) == GANG_PODS and all(p.bound for p in pods):
-                break
+                return pods
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{ns}/{name}: not bound: {_pods(pods)}")
-            time.sleep(0.1)
+                raise TimeoutError(f"{ns}/{name}: gang not bound: {_pods(pods)}")
+            time.sleep(0.05)
+
+    def wait_running(self, key: str, name: str, since: float, phase: bool = False) -> None:
+        """Until the TrainJob's 4 pods created after `since` are bound (and Running, with
+        `phase`: on the real node)."""
+        self.bound_gang(key, name, since)
         if phase:
             sc = self.sc(key)
 
@@ -233,18 +238,7 @@ class PartA:
         the TrainJob created after `since`; the times relative to `at`. Returns T."""
         ns = self.session.namespace(key)
         groups = {g.pod_group_name for g in plan.groups}
-        deadline = time.monotonic() + ROUND_DEADLINE
-        while True:
-            pods = [
-                p
-                for p in self.timeline.pods_of(ns, name)
-                if p.added >= since and p.deleting is None
-            ]
-            if len(pods) == GANG_PODS and all(p.bound for p in pods):
-                break
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{ns}/{name}: gang not bound: {_pods(pods)}")
-            time.sleep(0.05)
+        pods = self.bound_gang(key, name, since)
         bound = max(p.bound or 0.0 for p in pods)
         jobs = [
             j

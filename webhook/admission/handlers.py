@@ -464,7 +464,7 @@ def mutate_pod_review(review: Review, cache: Cache) -> Decision | Awaitable[Deci
     lookup = cache.plan_for(namespace, trainjob)
     assert isinstance(labels, dict)
     if lookup.state == "no-trainjob":
-        ganged = labels.get(GANG_LABEL) == "true" or _trainjobs_jobset(namespace, trainjob, cache)
+        ganged = _ganged_jobset(namespace, trainjob, labels, cache)
         asked = _not_cached(namespace, trainjob, lookup.detail, cache, ganged)
         return _remembered(review, pod, namespace, trainjob, asked, cache)
     decision = _judge_pod(pod, labels, namespace, trainjob, lookup, cache)
@@ -487,11 +487,14 @@ JOB_NAME_LABEL = "batch.kubernetes.io/job-name"  # the Job controller's, on its 
 
 
 def hold_is_moot(pod: HeldPod, cache: Cache) -> bool:
-    """Whether no pod of the held Job will come to be tied: its TrainJob is gone (from a cache
-    that has listed), being deleted or suspended, or its restart attempt is over."""
+    """Whether no pod of the held Job will come to be tied: its TrainJob is gone (the API
+    server said so: a TrainJob it has but the cache lacks is a lagging watch, a fault whose hold
+    must age into the alert), being deleted or suspended, or its restart attempt is over. The
+    waker forgets a moot hold only after a grace (`WakerSettings.moot_after`): a cache that
+    says suspended may lag a resume."""
     lookup = cache.plan_for(pod.namespace, pod.trainjob)
     if lookup.state == "no-trainjob":
-        return cache.trainjobs.synced
+        return cache.trainjobs.synced and pod.reason == "TrainJobGone"
     if cache.not_running(pod.namespace, pod.trainjob) is not None:
         return True
     plan = lookup.plan
@@ -583,10 +586,15 @@ def _judge_pod(
     return _tie(pod, labels, lookup, cache)
 
 
-def _trainjobs_jobset(namespace: str, name: str, cache: Cache) -> bool:
-    """Whether the JobSet of that name, as the cache has it, is a TrainJob's."""
+def _ganged_jobset(namespace: str, name: str, labels: dict[str, Any], cache: Cache) -> bool:
+    """Whether the pod's JobSet is a TrainJob's: its owner when the cache has the JobSet (a
+    label anyone can copy, such as a plain JobSet made from a runtime's template or one a
+    `--cascade=orphan` delete left, does not make it one); the gang label only while the
+    JobSet's watch has not brought it."""
     entry = cache.jobsets.get(namespace, name)
-    owner = controller_ref(entry.raw) if entry is not None else None
+    if entry is None:
+        return labels.get(GANG_LABEL) == "true"
+    owner = controller_ref(entry.raw)
     return owner is not None and is_trainjob_ref(owner)
 
 
@@ -668,7 +676,8 @@ def _tie(pod: dict[str, Any], labels: dict[str, Any], lookup: PlanLookup, cache:
         return held("SchedulerMismatch", why)
     if cache.foreign(backend, plan.trainjob_uid) is not None:
         note = "not tied to a gang: another controller schedules this TrainJob"
-        return Decision(patch=_unnamed(pod, cache), note=note, untied="StoodDown")
+        ours = frozenset(g.pod_group_name for g in plan.groups)
+        return Decision(patch=_unnamed(pod, cache, ours), note=note, untied="StoodDown")
     if not expresses(backend, plan):
         return held("GangKindUnavailable", f"the {backend.name} backend cannot express its tree")
     if cache.missing_kind(backend, plan) is not None:
@@ -684,13 +693,16 @@ def _tie(pod: dict[str, Any], labels: dict[str, Any], lookup: PlanLookup, cache:
     return Decision(patch=patch)
 
 
-def _unnamed(pod: dict[str, Any], cache: Cache) -> list[dict[str, Any]] | None:
+def _unnamed(
+    pod: dict[str, Any], cache: Cache, ours: frozenset[str] | None = None
+) -> list[dict[str, Any]] | None:
     """For a pod that gets no gang of ours: the group its Job's template named (this service's
     Job webhook, before it knew) taken off, when no object of that name exists (it names a gang
     nobody makes, and would wait for it for ever); a group that exists (another controller's)
-    stays."""
+    stays. With `ours` (the names this service's plan gives), a name that is not one of them
+    stays too: another controller's PodGroup that this replica's watch has not brought yet."""
     named = scheduling_group_of(pod)
-    if named is None:
+    if named is None or (ours is not None and named not in ours):
         return None
     namespace = str((pod.get("metadata") or {}).get("namespace") or "")
     for backend in cache.backends.backends:

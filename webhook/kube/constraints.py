@@ -185,6 +185,7 @@ class TopologyProbe:
         self.clock = clock
         self._answered: tuple[str, float] | None = None  # (version, when) of the last answer
         self._failing: str | None = None  # why the last probe got no answer
+        self._stamp: float | None = None  # the last answer's creationTimestamp (server time)
 
     async def __call__(self, backend: GangBackend) -> None:
         if not isinstance(backend, NativeBackend) or self.cache.api(backend) != "served":
@@ -200,7 +201,10 @@ class TopologyProbe:
             self.cache.topology.probing = False
         if kept is not None:
             self._answered = (backend.version, now)
-            self.cache.topology.observe(kept, now, "a dry-run create of a PodGroup")
+            # Dated by the API server's clock, as the stored objects it is weighed against are
+            # (their creationTimestamp): a local clock running behind must not outweigh them.
+            when = self._stamp if self._stamp is not None else now
+            self.cache.topology.observe(kept, when, "a dry-run create of a PodGroup")
 
     async def ask(self, shapes: Shapes) -> bool | None:
         """Whether the API server keeps the probe's constraint; None without an answer (said
@@ -227,6 +231,7 @@ class TopologyProbe:
             if self._failing is not None:
                 log.info("the topology probe answers again")
                 self._failing = None
+            self._stamp = created_at(answer)
             return bool(spec_of(answer).get(FIELD))
         why = "; ".join(failures) or "no namespace to ask in"
         if why != self._failing:

@@ -14,7 +14,9 @@ Bounded: at most `max_jobs` Jobs remembered (the oldest forgotten first), `max_p
 of one namespace, each for at most `keep_for` seconds (then the Job controller's own retries
 are left to it), and `judged_per_round` judged per look, in turn. A hold that can no longer end
 in a tie (`moot`: its TrainJob gone, being deleted or suspended, its restart attempt over) is
-forgotten. The age of the oldest hold is a gauge: holds are for faults, and one that lasts is
+forgotten once no pod of its Job was held for `moot_after` seconds (a cache that says
+"suspended" may lag a resume: that Job is still woken when the cache catches up). The age
+of the oldest hold is a gauge: holds are for faults, and one that lasts is
 what to alert on.
 """
 
@@ -67,6 +69,10 @@ class WakerSettings:
     judged_per_round: int = 512  # held Jobs judged per look (in turn): the loop stays free
     max_per_namespace: int = 1_000  # one namespace's pods cannot push out another's holds
     retries: int = 5  # failed wakes of one Job before it is left to the Job controller
+    # A hold judged moot is forgotten only once no pod of its Job was held for this long: the
+    # cache that says "suspended" or "gone" may lag a resume by a moment, and that Job must
+    # still be woken once the cache catches up.
+    moot_after: float = 30.0
 
 
 @dataclass
@@ -143,7 +149,8 @@ class JobWaker:
                 continue
             try:
                 if self.moot(held.pod):
-                    self._forget(key)
+                    if now - held.last > self.settings.moot_after:
+                        self._forget(key)
                     continue
                 still = self.judge(held.pod)
             except Exception:  # a judge that fails must not stop the others being woken

@@ -549,11 +549,16 @@ class Reconciler:
         found = self.cache.restart_attempt(*key, uid)
         return 0 if found is None else found
 
-    def _groups_in_use(self, key: Key) -> frozenset[str]:
+    def _groups_in_use(self, key: Key) -> frozenset[str] | None:
         """The groups the TrainJob's pending or live pods name: never deleted under them, of
         any restart attempt or run (a restart's old pods end in their own time; a suspend and
-        resume that the JobSet never saw leaves the old run's pods running)."""
-        return self._pods.groups_in_use(*key) if self._pods is not None else frozenset()
+        resume that the JobSet never saw leaves the old run's pods running). None until the
+        pod watch has listed (a new leader must not take "no pods seen" for "none": nothing
+        stale is deleted meanwhile, what the plan wants is still made)."""
+        pods = self._pods
+        if pods is None:
+            return frozenset()
+        return pods.groups_in_use(*key) if pods.synced else None
 
     async def _converge(
         self,
@@ -561,7 +566,7 @@ class Reconciler:
         plan: Plan,
         backend: GangBackend,
         changes: Changes,
-        in_use: frozenset[str] = frozenset(),
+        in_use: frozenset[str] | None = frozenset(),
     ) -> Result:
         """Creates what is missing (parents first), repairs drift, and removes what this
         TrainJob no longer needs, of any backend (children first)."""
@@ -641,7 +646,8 @@ class Reconciler:
                 name = _meta(stale).get("name")
                 if not is_managed(stale) or (kind, name) in wanted:
                     continue
-                if name in in_use or (kept and self._is_parent(kind)):
+                # Pods unknown (the pod watch has not listed): nothing stale is deleted yet.
+                if in_use is None or name in in_use or (kept and self._is_parent(kind)):
                     kept = True
                     continue
                 await self._delete(trainjob, kind, stale, "no longer in the plan", changes)

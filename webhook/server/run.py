@@ -33,7 +33,7 @@ from ..backends.coscheduling import CoschedulingSettings
 from ..backends.kai import KaiSettings
 from ..backends.registry import default_backends
 from ..backends.volcano import VolcanoSettings
-from ..kube.cache import Cache, GangApi, Store
+from ..kube.cache import Cache, EventType, GangApi, Store
 from ..kube.client import (
     connect,
     informers,
@@ -50,7 +50,7 @@ from ..kube.feasibility import Mode
 from ..kube.gangpods import GangPods
 from ..kube.informer import Informer
 from ..kube.jobsetwatch import watch_jobsets
-from ..kube.lacking import lacking
+from ..kube.lacking import frozen_late, lacking, lacking_of
 from ..kube.leader import LeaderElector, LeaseSettings
 from ..kube.lookup import TrainJobLookup, api_ask, runtime_fetch
 from ..kube.metered import MeteredApiClient
@@ -439,6 +439,7 @@ def background(
         )
         pods = GangPods()  # gang health after admission: JobSet's pods, counted
         jobs.append(sweep_when_listed(cache, pods, waker))
+        wake_when_frozen_late(cache, pods, waker)
         jobs += [i.run() for i in counted(pod_informers(api, pods, r.namespaces, restarted))]
         reconciler = Reconciler(
             cache,
@@ -498,6 +499,22 @@ async def sweep_when_listed(cache: Cache, pods: GangPods, waker: JobWaker) -> No
         found += 1
     if found:
         log.info("Jobs lacking pods at start, to be woken", extra={"fields": {"jobs": found}})
+
+
+def wake_when_frozen_late(cache: Cache, pods: GangPods, waker: JobWaker) -> None:
+    """A TrainJob created while no replica answered is frozen by the reconciler once one does;
+    its Jobs' pod creations were refused unseen, and the sweep at start did not know them for a
+    gang's: given to the waker when the snapshot comes (every replica hears it; a wake is one
+    idempotent patch)."""
+
+    def heard(_event: EventType, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
+        key = frozen_late(old, new)
+        if key is None or not pods.synced:
+            return
+        for pod in lacking_of(cache, pods, *key):
+            waker.held(pod)
+
+    cache.trainjobs.subscribe(heard)
 
 
 def count_requests(api: MeteredApiClient, metrics: Metrics) -> None:
