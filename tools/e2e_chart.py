@@ -158,6 +158,8 @@ def main() -> int:
             "E2E_EXTERNAL_SERVICE": "1",
             # The writes only the service may make (test_rollback) are made as it.
             "E2E_SERVICE_USER": f"system:serviceaccount:{NAMESPACE}:{account}",
+            # The outage test scales it to 0 and back.
+            "E2E_SERVICE_DEPLOYMENT": f"{NAMESPACE}/{NAME}",
         }
         suite = [sys.executable, "-m", "pytest", "tests/e2e", "-v", *args.pytest]
         outcome = subprocess.run(suite, cwd=REPO, env=env, check=False).returncode

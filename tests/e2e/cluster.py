@@ -84,6 +84,12 @@ def service_user() -> str:
     return os.environ.get("E2E_SERVICE_USER", "").strip()
 
 
+def service_deployment() -> str:
+    """E2E_SERVICE_DEPLOYMENT: the deployed service's Deployment, "namespace/name" (with
+    E2E_EXTERNAL_SERVICE=1), which the outage test scales to 0 and back. Empty: not stopped."""
+    return os.environ.get("E2E_SERVICE_DEPLOYMENT", "").strip()
+
+
 def keep() -> bool:
     """E2E_KEEP=1: keep namespaces, runtimes and nodes afterwards (webhooks are never kept)."""
     return _flag("E2E_KEEP") in ("1", "true", "yes", "on")

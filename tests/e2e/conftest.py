@@ -28,6 +28,7 @@ from .cluster import (
     poll,
     probe_dropped_fields,
     required,
+    service_deployment,
 )
 from .objects import TRAINER_STACK_LABEL
 from .recorder import PodRecorder
@@ -165,7 +166,7 @@ def service(
     registration is deleted at the end whatever happens (SIGTERM and SIGHUP end the session
     as Ctrl-C does; an atexit hook is the last resort; the next run sweeps a dead run's)."""
     if external_service():
-        yield ExternalService()
+        yield ExternalService(cluster, service_deployment())
         return
     swept = sweep(cluster)
     if swept:

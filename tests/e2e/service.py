@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.harness import free_port, make_certs
 from tests.paths import REPO
 
+from .cluster import Cluster, Json, poll
 from .registration import Registration
 
 LOG_LINES = 40  # of the service's log, shown when a wait fails
@@ -50,11 +51,61 @@ class Service:
 
 
 class ExternalService(Service):
+    """A service deployed in the cluster. With `deployment` ("namespace/name",
+    E2E_SERVICE_DEPLOYMENT) the outage test can stop it (its Deployment scaled to 0, every pod
+    gone) and start it again (scaled back, every replica ready), as an operator would."""
+
+    def __init__(self, cluster: Cluster | None = None, deployment: str = "") -> None:
+        self.cluster = cluster
+        self.namespace, _, self.name = deployment.partition("/")
+        self.replicas = 0
+        self.stopped = False
+
+    @property
+    def stoppable(self) -> bool:
+        return self.cluster is not None and bool(self.namespace and self.name)
+
     def describe(self) -> str:
         return (
             "(the service is deployed in the cluster, E2E_EXTERNAL_SERVICE=1: see its pod's log; "
             "it must watch this run's namespaces)"
         )
+
+    def _deployment(self) -> Json:
+        assert self.cluster is not None
+        found = self.cluster.get("apps", "v1", "deployments", self.name, self.namespace)
+        assert found is not None, f"no Deployment {self.namespace}/{self.name}"
+        return found
+
+    def _scale(self, replicas: int) -> None:
+        assert self.cluster is not None
+        self.cluster.patch("apps", "v1", "deployments", self.namespace, self.name,
+                           {"spec": {"replicas": replicas}})  # fmt: skip
+
+    def stop(self) -> None:
+        """Scaled to 0; returns once none of its pods is left (its Service has no endpoint)."""
+        assert self.cluster is not None
+        deployment = self._deployment()
+        self.replicas = int(deployment["spec"].get("replicas") or 1)
+        selector = deployment["spec"]["selector"]["matchLabels"]
+        labels = ",".join(f"{k}={v}" for k, v in selector.items())
+        self._scale(0)
+        cluster = self.cluster
+
+        def gone() -> bool:
+            return not cluster.list_objects("", "v1", "pods", self.namespace, labels=labels)
+
+        assert poll(gone, "the deployed service's pods gone", READY_SECONDS, interval=0.2)
+
+    def start(self) -> None:
+        """Scaled back; returns once every replica is ready (in its Service's endpoints)."""
+        self._scale(self.replicas or 1)
+
+        def ready() -> bool:
+            status = self._deployment().get("status") or {}
+            return int(status.get("readyReplicas") or 0) >= (self.replicas or 1)
+
+        assert poll(ready, "the deployed service ready again", READY_SECONDS, interval=0.2)
 
 
 @dataclass
