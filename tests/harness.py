@@ -18,12 +18,14 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
+from aiohttp import web
+from kubernetes.aio.client import Configuration
 
 from webhook.admission.review import Decision
 from webhook.core.fields import parse
@@ -31,6 +33,7 @@ from webhook.core.snapshot import PLAN_VERSION, SNAPSHOT_ANNOTATION, snapshot, s
 from webhook.core.trainer import TrainJob
 from webhook.kube.cache import Cache
 from webhook.kube.lookup import TrainJobLookup
+from webhook.kube.metered import MeteredApiClient
 from webhook.server.app import Limits
 from webhook.server.reviewlog import ReviewLog
 from webhook.server.run import Service, Settings
@@ -235,6 +238,23 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         found: int = sock.getsockname()[1]
         return found
+
+
+@contextlib.asynccontextmanager
+async def stub_api(app: web.Application) -> AsyncIterator[MeteredApiClient]:
+    """A client of `app` served over HTTP on a port of its own, as a stub API server (closed,
+    client then server, afterwards)."""
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    api = MeteredApiClient(configuration=Configuration(host=f"http://127.0.0.1:{port}"))
+    try:
+        yield api
+    finally:
+        close: Any = api.close  # untyped in the client
+        await close()
+        await runner.cleanup()
 
 
 def make_certs(directory: Path, **spec: Any) -> Path:

@@ -31,7 +31,7 @@ from webhook.kube.whoami import WhoAmIError, who_am_i
 from webhook.server.logs import FIELDS
 from webhook.server.run import learn_username
 
-from .harness import fixture, free_port
+from .harness import fixture, free_port, stub_api
 from .kube_emulator import emulator, eventually
 from .test_informer import serving
 from .test_snapshot_guard import PATH, SELF, annotated, real_snapshot, review_of
@@ -83,17 +83,8 @@ async def api_server(server: ApiServer) -> AsyncIterator[MeteredApiClient]:
 
     app = web.Application()
     app.router.add_post(REVIEWS, review)
-    runner = web.AppRunner(app, shutdown_timeout=0.1)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    api = MeteredApiClient(configuration=Configuration(host=f"http://127.0.0.1:{port}"))
-    try:
+    async with stub_api(app) as api:
         yield api
-    finally:
-        close: Any = api.close  # untyped in the client
-        await close()
-        await runner.cleanup()
 
 
 def pod_token(tmp_path: Path, subject: str = SELF) -> Path:

@@ -19,9 +19,8 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from kubernetes.aio.client import Configuration
 
-from tests.harness import fixture, fixture_cache, free_port
+from tests.harness import fixture, fixture_cache, stub_api
 from webhook.admission.handlers import hold_is_moot, mutate_pod_review, would_hold
 from webhook.admission.review import Review
 from webhook.core.snapshot import SNAPSHOT_ANNOTATION
@@ -57,17 +56,8 @@ async def api_server(jobs: Jobs) -> AsyncIterator[MeteredApiClient]:
 
     app = web.Application()
     app.router.add_patch("/apis/batch/v1/namespaces/{ns}/jobs/{name}", patch)
-    runner = web.AppRunner(app, shutdown_timeout=0.1)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    api = MeteredApiClient(configuration=Configuration(host=f"http://127.0.0.1:{port}"))
-    try:
+    async with stub_api(app) as api:
         yield api
-    finally:
-        close: Any = api.close
-        await close()
-        await runner.cleanup()
 
 
 def held_pod(job: str = JOB, reason: str = "NotFrozen") -> HeldPod:
