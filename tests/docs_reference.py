@@ -666,9 +666,6 @@ KEYS: list[tuple[str, str, str, str, str, str]] = [
      "JobSet's restart attempt (0, then one more per restart): a pod whose label is not its "
      "JobSet's `status.restarts` (forged, or of an attempt that is over) is held; the gang is "
      "made for the JobSet's attempt, never for a label's"),
-    ("webhook.admission.handlers", "JOB_NAME_LABEL", "label", "pod", "read (pod webhook)",
-     "the Job a held pod belongs to, when its controller ownerReference does not say: the Job "
-     "woken once its pods would be tied"),
     ("webhook.kube.feasibility", "MODE_ANNOTATION", "annotation",
      "(Cluster)TrainingRuntime", "read", "`warn`, `deny` or `off`: feasibility for its "
      "TrainJobs (wins over `--feasibility`)"),

@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 
 from kubernetes.client.exceptions import ApiException
 
+from webhook.core.plan import JOBSET_NAME
+
 from .cluster import JOBSET_GROUP, JOBSET_VERSION, Cluster, Json, api_path
 
-JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
 JOBSET_UID = "jobset.sigs.k8s.io/jobset-uid"
 
 

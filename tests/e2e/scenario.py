@@ -17,7 +17,7 @@ from kubernetes.client.exceptions import ApiException
 
 from webhook.core.condition import CONDITION_TYPE
 from webhook.core.fields import parse
-from webhook.core.plan import Plan, build_plan
+from webhook.core.plan import JOBSET_NAME, Plan, build_plan
 from webhook.core.snapshot import from_annotations
 from webhook.core.trainer import TrainJob
 
@@ -48,7 +48,7 @@ from .objects import (
     planned_pod_group,
     trainjob,
 )
-from .recorder import JOBSET_NAME, JOBSET_UID, PodRecord, PodRecorder
+from .recorder import JOBSET_UID, PodRecord, PodRecorder
 from .registration import OWNER_ANNOTATION, RUN_LABEL, owner
 from .service import Service, total
 

@@ -14,6 +14,7 @@ import ssl
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -263,11 +264,21 @@ class LocalService(Service):
         url = f"https://127.0.0.1:{self.metrics_port}/metrics"
         answer = httpx.get(url, verify=context, timeout=10)
         answer.raise_for_status()
-        samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
-        for family in text_string_to_metric_families(answer.text):
-            for sample in family.samples:
-                samples[(sample.name, tuple(sorted(sample.labels.items())))] = float(sample.value)
-        return samples
+        return parse_samples(answer.text)
+
+
+def parse_samples(
+    text: str, keep: tuple[str, ...] = ()
+) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The samples of a Prometheus text exposition by (name, sorted labels); with `keep`, only
+    the families whose name starts with one of those."""
+    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for family in text_string_to_metric_families(text):
+        if keep and not family.name.startswith(keep):
+            continue
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = float(sample.value)
+    return samples
 
 
 def _die_with_parent() -> None:
@@ -279,7 +290,9 @@ def _die_with_parent() -> None:
 
 
 def total(
-    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] | None, name: str, **labels: str
+    samples: Mapping[tuple[str, tuple[tuple[str, str], ...]], float] | None,
+    name: str,
+    **labels: str,
 ) -> float:
     """The sum of a metric's samples over every label set that has `labels` (0 when absent)."""
     return sum(

@@ -16,11 +16,10 @@ from collections.abc import Callable
 
 import pytest
 
-from webhook.core.plan import Plan
+from webhook.core.plan import JOBSET_NAME, Plan
 
 from .cluster import Json
 from .objects import ZONE, deepspeed, level1, level2_torchtune, level3, trainjob
-from .recorder import JOBSET_NAME
 from .scenario import Pool, Scenario
 
 pytestmark = pytest.mark.e2e

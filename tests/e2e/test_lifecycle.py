@@ -14,6 +14,8 @@ import time
 import pytest
 from kubernetes.client.exceptions import ApiException
 
+from webhook.core.plan import RESTART_ATTEMPT
+
 from .cluster import JSON_PATCH, Json, NotYet
 from .conftest import NOTES
 from .objects import level1, replicated_job, runtime, trainjob, uid
@@ -22,7 +24,6 @@ from .scenario import Pool, Scenario, describe_pods
 
 pytestmark = pytest.mark.e2e
 
-ATTEMPT = "jobset.sigs.k8s.io/restart-attempt"
 LOOP_WATCH = 10.0  # seconds a foreground delete that Trainer keeps alive is watched
 
 
@@ -111,7 +112,7 @@ def test_a_jobset_restart_is_a_new_gang_tied_to_the_new_attempt(
     assert not new_names & {g.pod_group_name for g in plan.groups}
 
     def attempt_one(pod: Json) -> bool:
-        return bool(pod["metadata"]["labels"].get(ATTEMPT) == "1")
+        return bool(pod["metadata"]["labels"].get(RESTART_ATTEMPT) == "1")
 
     pods = scenario.wait_bound("restart", 4, where=attempt_one)
     assert {p["spec"]["schedulingGroup"]["podGroupName"] for p in pods} == new_names

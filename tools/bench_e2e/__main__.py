@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from tests.e2e.cluster import Skip
+from tools.e2e_matrix import commit
 
 from .gangs import SCENARIOS, run_part_a
 from .report import markdown
 from .scale import growth, run_size
-from .session import configure, git_commit, host, session
+from .session import configure, host, session
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -64,7 +65,7 @@ def main(argv: list[str]) -> int:
     parts = {p.strip().lower() for p in args.part.split(",") if p.strip()}
     report: dict[str, Any] = {
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "commit": git_commit(),
+        "commit": commit()[0],
         "host": host(),
         "kubeconfig": args.kubeconfig,
         "arguments": vars(args),

@@ -44,12 +44,12 @@ from kubernetes.client.exceptions import ApiException
 
 from tests.e2e.cluster import TRAINER_GROUP, TRAINER_VERSION, Json, NotYet
 from tests.e2e.objects import level1, replicated_job, runtime, trainjob
-from tests.e2e.recorder import JOBSET_NAME
 from tests.e2e.scenario import Scenario
-from webhook.core.plan import Plan
+from tests.e2e.service import total
+from webhook.core.plan import JOBSET_NAME, Plan
 
 from .session import LEASE, Replica, Session, force_delete_pods
-from .stats import Samples, by_label, summary, total
+from .stats import Samples, by_label, summary
 from .timeline import PodSeen, Timeline
 
 GANG_PODS = 4  # level 1: numNodes 3 `node` pods and a `param-server`

@@ -58,10 +58,10 @@ from tests.e2e.registration import (
     unregister,
 )
 from tests.e2e.scenario import Run, Scenario
-from tests.e2e.service import LocalService, Service
+from tests.e2e.service import LocalService, Service, parse_samples
 from tests.harness import free_port, make_certs
 
-from .stats import Samples, parse_prometheus
+from .stats import Samples
 
 HARNESS = Path(os.environ.get("HARNESS_DIR", Path.home() / "harness"))
 LEASE = "trainjob-scheduling-bench"
@@ -308,7 +308,7 @@ def apiserver_samples(cluster: Cluster) -> Samples:
         if (line.startswith(APISERVER_WEBHOOK_HISTOGRAM) and OUR_WEBHOOKS in line)
         or line.startswith(f"# TYPE {APISERVER_WEBHOOK_HISTOGRAM} ")
     ]
-    return parse_prometheus("\n".join(lines) + "\n", [APISERVER_WEBHOOK_HISTOGRAM])
+    return parse_samples("\n".join(lines) + "\n", (APISERVER_WEBHOOK_HISTOGRAM,))
 
 
 # --- a session ------------------------------------------------------------------------------------
@@ -532,31 +532,6 @@ def force_delete_pods(cluster: Cluster, namespace: str, pods: list[Json]) -> Non
             cluster.delete(
                 "", "v1", "pods", meta["name"], namespace, grace_seconds=0, uid=meta["uid"]
             )
-
-
-def git_commit() -> str:
-    import subprocess
-
-    from tests.paths import REPO
-
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short=12", "HEAD"],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head + (" (with uncommitted changes)" if dirty else "")
 
 
 def host() -> str:

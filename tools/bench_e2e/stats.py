@@ -4,7 +4,7 @@ kube-apiserver's), as the report states them."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 Samples = Mapping[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -75,19 +75,6 @@ def histogram_quantile(q: float, buckets: Mapping[float, float]) -> float:
     return lower
 
 
-def total(samples: Samples, name: str, match: Mapping[str, str] | None = None) -> float:
-    """The sum of a metric's samples over every series whose labels include `match`."""
-    out = 0.0
-    for (sample, labels), value in samples.items():
-        if sample != name:
-            continue
-        got = dict(labels)
-        if match and any(got.get(k) != v for k, v in match.items()):
-            continue
-        out += value
-    return out
-
-
 def by_label(samples: Samples, name: str, label: str) -> dict[str, float]:
     """A counter's samples summed by one label's value."""
     out: dict[str, float] = {}
@@ -96,22 +83,6 @@ def by_label(samples: Samples, name: str, label: str) -> dict[str, float]:
             key = dict(labels).get(label, "")
             out[key] = out.get(key, 0.0) + value
     return out
-
-
-def parse_prometheus(
-    text: str, keep: Iterable[str]
-) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """The samples of a Prometheus text exposition whose name starts with one of `keep`."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    prefixes = tuple(keep)
-    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
-    for family in text_string_to_metric_families(text):
-        if not family.name.startswith(prefixes):
-            continue
-        for sample in family.samples:
-            samples[(sample.name, tuple(sorted(sample.labels.items())))] = float(sample.value)
-    return samples
 
 
 def fmt(seconds: float, unit: str = "s") -> str:

@@ -11,9 +11,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from tests.e2e.cluster import SCHEDULING_GROUP, Cluster, Json, api_path
-from tests.e2e.recorder import JOBSET_NAME, Watcher
-
-ATTEMPT = "jobset.sigs.k8s.io/restart-attempt"
+from tests.e2e.recorder import Watcher
+from webhook.core.plan import JOBSET_NAME, RESTART_ATTEMPT
 
 
 @dataclass
@@ -116,7 +115,7 @@ class Timeline:
                     str(meta["namespace"]),
                     str(meta["name"]),
                     str(labels.get(JOBSET_NAME, "")),
-                    str(labels.get(ATTEMPT, "")),
+                    str(labels.get(RESTART_ATTEMPT, "")),
                     str(group) if group else None,
                     now,
                 )
@@ -141,7 +140,7 @@ class Timeline:
                     str(meta["namespace"]),
                     str(meta["name"]),
                     str(labels.get(JOBSET_NAME, "")),
-                    str(labels.get(ATTEMPT, "")),
+                    str(labels.get(RESTART_ATTEMPT, "")),
                     now,
                     None if suspended else now,
                 )

@@ -231,7 +231,7 @@ def mutate_runtime_review(review: Review, cache: Cache) -> Decision:
 def _grouped(raw: dict[str, Any]) -> frozenset[str]:
     """The ReplicatedJobs a group of the runtime's plan holds (none when it does not plan: the
     validating webhook says why)."""
-    runtime, _ = judge_runtime(raw, None)
+    runtime, _ = parse(Runtime, raw)  # checked once below: the verdict is the validator's
     if runtime is None or runtime.spec.scheduling is None:
         return frozenset()
     layout, _ = runtime_layout(runtime)
@@ -483,9 +483,6 @@ def would_hold(pod: HeldPod, cache: Cache) -> bool:
     return not _judge_pod(raw, labels, pod.namespace, pod.trainjob, lookup, cache).allowed
 
 
-JOB_NAME_LABEL = "batch.kubernetes.io/job-name"  # the Job controller's, on its pods
-
-
 def hold_is_moot(pod: HeldPod, cache: Cache) -> bool:
     """Whether no pod of the held Job will come to be tied: its TrainJob is gone (the API
     server said so: a TrainJob it has but the cache lacks is a lagging watch, a fault whose hold
@@ -524,7 +521,7 @@ def _remembered(
         return decision
 
     def tell(found: Decision) -> Decision:
-        job = _job_of(pod, owned_only=True)
+        job = _job_of(pod)
         if not found.allowed and found.untied and job is not None:
             meta = pod.get("metadata")
             labels = meta.get("labels") if isinstance(meta, dict) else None
@@ -548,20 +545,11 @@ def _remembered(
     return told()
 
 
-def _job_of(pod: dict[str, Any], owned_only: bool = False) -> str | None:
-    """The Job that makes the pod (its controller), which the Job controller creates again;
-    with `owned_only`, only a controller reference says it (a label is anyone's to write)."""
-    meta = pod.get("metadata")
-    meta = meta if isinstance(meta, dict) else {}
-    refs = meta.get("ownerReferences")
-    for ref in refs if isinstance(refs, list) else []:
-        if isinstance(ref, dict) and ref.get("controller") is True and ref.get("kind") == "Job":
-            name = ref.get("name")
-            return name if isinstance(name, str) else None
-    if owned_only:
-        return None
-    labels = meta.get("labels")
-    name = labels.get(JOB_NAME_LABEL) if isinstance(labels, dict) else None
+def _job_of(pod: dict[str, Any]) -> str | None:
+    """The Job that makes the pod (its controller reference), which the Job controller creates
+    again; None when no Job controls it."""
+    ref = controller_ref(pod)
+    name = ref.get("name") if ref is not None and ref.get("kind") == "Job" else None
     return name if isinstance(name, str) else None
 
 
