@@ -17,9 +17,10 @@ from ..core.snapshot import SNAPSHOT_ANNOTATION
 from .cache import Cache
 from .gangpods import LIVE, LOST, PENDING, SUCCEEDED, GangPods
 from .store import Key
-from .waker import HeldPod
+from .waker import HeldPod, WakerSettings
 
 REASON = "ServiceAway"  # the waker's reason label for these
+MAX_JOBS = WakerSettings().max_per_namespace  # Jobs of one ReplicatedJob looked at
 
 
 def lacking(cache: Cache, pods: GangPods) -> Iterator[HeldPod]:
@@ -49,7 +50,10 @@ def lacking_of(cache: Cache, pods: GangPods, namespace: str, name: str) -> Itera
             rj = replicated.get(rj_name)
             if rj is None:
                 continue
-            indices = [group.job_index] if group.job_index is not None else range(rj.replica_count)
+            # Bounded: the waker remembers at most that many Jobs of a namespace anyway, and a
+            # runtime's replicas may be anything up to int32.
+            count = min(rj.replica_count, MAX_JOBS)
+            indices = [group.job_index] if group.job_index is not None else range(count)
             wanted = pods_per_job(runtime, rj, trainjob.num_nodes)
             for index in indices:
                 counted = jobs.get((rj_name, index))
